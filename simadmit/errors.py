@@ -1,0 +1,38 @@
+"""User-facing input errors: one line per problem, naming the file and the field.
+
+The CLI catches `InputError` and prints its lines with exit code 2, so bad input never shows a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class InputError(Exception):
+    """Bad user input (scenario, profile, trace, endpoint); `problems` holds one line per problem."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def problem(source: str | Path | None, field: str | None, message: str) -> str:
+    """Format one problem as `file: field: message`, omitting the parts that are unknown."""
+    parts = [str(p) for p in (source, field) if p not in (None, "")]
+    return ": ".join([*parts, message])
+
+
+def pydantic_problems(source: str | Path | None, error: object, prefix: str = "") -> list[str]:
+    """Turn a pydantic ValidationError into one `file: field.path: message` line per error."""
+    lines = []
+    for e in error.errors():  # type: ignore[attr-defined]
+        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-"))
+        field = ".".join(p for p in (prefix, loc) if p)
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (misspelled?)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(problem(source, field or None, msg))
+    return lines

@@ -1,0 +1,215 @@
+"""Async streaming client for vLLM's OpenAI-compatible completions API, timing every streamed token.
+
+It stays light because it shares the machine with what it measures: one `httpx.AsyncClient`, a timestamp
+per received chunk and nothing else per token. The byte stream is split on b"\\n" by hand (httpx's
+`aiter_lines` also splits on Unicode line separators that vLLM leaves raw inside its JSON), token counts come
+from the `usage` record (several tokens can share a chunk under load), and output length is pinned with
+`max_tokens` + `ignore_eos`. Server faults are returned as a status, never raised, so the caller can retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from simadmit.errors import InputError, problem
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one streamed request measured (NaN for values it did not get to)."""
+
+    status: str  # "ok", "timeout", "dropped", "connect", "http_<code>", "stream_error"
+    start_unix_s: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    itl_mean_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    itl_max_s: float
+    n_chunks: int
+    e2e_s: float
+    client_busy_s: float  # time this client spent handling the response's bytes
+
+
+class RequestRejected(Exception):
+    """The server answered 4xx: the request itself is wrong, so retrying cannot help."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"HTTP {status_code}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A live endpoint and what it told about itself."""
+
+    base_url: str
+    model: str
+    max_model_len: int
+    vllm_version: str
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL is an `InputError`."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError([problem(None, "--endpoint", f"{url!r} is not an http(s) URL like http://host:8000")])
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
+    cause = "connection refused" if isinstance(error, httpx.ConnectError) else type(error).__name__
+    if isinstance(error, httpx.ConnectError) and "refused" not in str(error).lower():
+        cause = f"cannot connect ({error})"
+    return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
+
+
+async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
+    """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
+    try:
+        response = await client.get(f"{base_url}/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise _connection_problem(base_url, e) from None
+    if response.status_code != 200:
+        raise InputError(
+            [problem(None, "--endpoint", f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?")]
+        )
+    try:
+        served = {m["id"]: m for m in response.json()["data"]}
+    except (ValueError, KeyError, TypeError):
+        raise InputError([problem(None, "--endpoint", f"{base_url}/v1/models did not return a model list")]) from None
+    if not served:
+        raise InputError([problem(None, "--endpoint", f"{base_url} serves no model")])
+    if model is None:
+        model = next(iter(served))
+    elif model not in served:
+        raise InputError([problem(None, "--model", f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")])
+    max_len = served[model].get("max_model_len")
+    if not isinstance(max_len, int) or max_len <= 0:
+        raise InputError([problem(None, "--endpoint", f"{base_url}/v1/models gives no max_model_len for {model!r}")])
+    version = "unknown"
+    try:
+        v = await client.get(f"{base_url}/version", timeout=10.0)
+        if v.status_code == 200:
+            version = str(v.json().get("version", "unknown"))
+    except (httpx.HTTPError, ValueError):
+        pass
+    return Endpoint(base_url=base_url, model=model, max_model_len=max_len, vllm_version=version)
+
+
+async def tokenize(client: httpx.AsyncClient, endpoint: Endpoint, text: str) -> list[int] | None:
+    """Token ids of `text` from the server's own tokenizer, or None when it has no `/tokenize`."""
+    try:
+        r = await client.post(
+            f"{endpoint.base_url}/tokenize",
+            json={"model": endpoint.model, "prompt": text, "add_special_tokens": False},
+            timeout=30.0,
+        )
+        if r.status_code != 200:
+            return None
+        tokens = r.json().get("tokens")
+    except (httpx.HTTPError, ValueError):
+        return None
+    return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+
+
+def _failed(status: str, start_unix: float, t0: float, busy: float) -> Attempt:
+    nan = math.nan
+    return Attempt(status, start_unix, 0, 0, nan, nan, nan, nan, nan, 0, time.perf_counter() - t0, busy)
+
+
+async def stream_completion(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    prompt: list[int] | str,
+    max_tokens: int,
+    timeout_s: float,
+) -> Attempt:
+    """Send one streamed completion and time its tokens. Raises only `RequestRejected` (HTTP 4xx)."""
+    body = {
+        "model": endpoint.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start_unix, t0 = time.time(), time.perf_counter()
+    busy = 0.0
+    times: list[float] = []
+    usage: dict[str, int] | None = None
+    done = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", f"{endpoint.base_url}/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    if response.status_code >= 500:
+                        return _failed(f"http_{response.status_code}", start_unix, t0, busy)
+                    raise RequestRejected(response.status_code, detail)
+                buffer = b""
+                async for data in response.aiter_bytes():
+                    now = time.perf_counter()  # every line in this read arrived together
+                    buffer += data
+                    while (cut := buffer.find(b"\n")) >= 0:
+                        line, buffer = buffer[:cut].strip(), buffer[cut + 1 :]
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            continue
+                        event = json.loads(payload)
+                        if "error" in event:
+                            return _failed("stream_error", start_unix, t0, busy)
+                        if event.get("choices"):
+                            times.append(now)
+                        if event.get("usage"):
+                            usage = event["usage"]
+                    busy += time.perf_counter() - now
+    except (TimeoutError, httpx.TimeoutException):
+        return _failed("timeout", start_unix, t0, busy)
+    except httpx.ConnectError:
+        return _failed("connect", start_unix, t0, busy)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
+        return _failed("dropped", start_unix, t0, busy)
+    end = time.perf_counter()
+    if not done or usage is None or not times:
+        return _failed("dropped", start_unix, t0, busy)
+    tick = time.perf_counter()
+    output_tokens = int(usage.get("completion_tokens", 0))
+    gaps = np.diff(times)
+    if len(gaps):
+        p50, p90, gmax = (float(v) for v in (*np.percentile(gaps, [50, 90]), gaps.max()))
+    else:
+        p50 = p90 = gmax = math.nan
+    itl_mean = (times[-1] - times[0]) / (output_tokens - 1) if output_tokens > 1 else math.nan
+    busy += time.perf_counter() - tick
+    return Attempt(
+        status="ok",
+        start_unix_s=start_unix,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        output_tokens=output_tokens,
+        ttft_s=times[0] - t0,
+        itl_mean_s=itl_mean,
+        itl_p50_s=p50,
+        itl_p90_s=p90,
+        itl_max_s=gmax,
+        n_chunks=len(times),
+        e2e_s=end - t0,
+        client_busy_s=busy,
+    )

@@ -1,0 +1,151 @@
+"""The measurements CSV: one row per request attempt, appended and flushed as each attempt completes.
+
+Appending row by row means Ctrl-C or a crash keeps everything measured so far, and `--resume` reads the file
+back to continue where the run stopped: each (phase, concurrency) cell knows how many requests it already has
+and how much of its time budget they used.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import IO
+
+from simadmit.errors import InputError, problem
+
+OK = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One request attempt. Times in seconds; NaN where the attempt failed before producing the value."""
+
+    phase: str
+    concurrency: int
+    seq: int  # index of the request within its (phase, concurrency) cell; retries keep it
+    attempt: int  # 1 for the first try
+    model: str
+    start_unix_s: float
+    prompt_tokens_target: int
+    prompt_tokens: int  # as counted by the server (`usage`), 0 if unknown
+    output_tokens_target: int
+    output_tokens: int
+    ttft_s: float
+    itl_mean_s: float  # (last token time - first token time) / (output tokens - 1)
+    itl_p50_s: float  # over the gaps between streamed chunks
+    itl_p90_s: float
+    itl_max_s: float
+    n_chunks: int
+    e2e_s: float
+    status: str  # "ok", or the fault: "timeout", "http_503", "dropped", "connect"...
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+COLUMNS = tuple(f.name for f in fields(Measurement))
+_TYPES = {f.name: f.type for f in fields(Measurement)}
+
+
+def measurements_path(profile_path: str | Path) -> Path:
+    """`calibration/x.yaml` -> `calibration/x.measurements.csv`: the raw data sits next to its profile."""
+    p = Path(profile_path)
+    return p.with_name(p.stem + ".measurements.csv") if p.suffix in (".yaml", ".yml") else Path(f"{p}.measurements.csv")
+
+
+def _format(value: object) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6f}" if abs(value) < 1e6 else f"{value:.3f}"
+    return str(value)
+
+
+def read_measurements(path: str | Path) -> list[Measurement]:
+    """Read a measurements CSV back; a missing file is an empty run, a foreign file is an `InputError`."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if not text.endswith("\n"):  # a line cut short by a crash mid-write: drop it, keep the rest
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or COLUMNS)]
+    if missing:
+        raise InputError([problem(path, None, f"not a measurements file (missing columns: {', '.join(missing)})")])
+    rows = []
+    for n, rec in enumerate(reader, start=1):
+        try:
+            rows.append(Measurement(**{c: _parse(c, rec[c]) for c in COLUMNS}))
+        except (TypeError, ValueError):
+            raise InputError([problem(path, f"data row {n}", "malformed measurement row")]) from None
+    return rows
+
+
+def _parse(column: str, text: str | None) -> object:
+    kind = _TYPES[column]
+    if text is None:
+        raise ValueError(column)
+    if kind == "float":
+        return float("nan") if text == "" else float(text)
+    return int(text) if kind == "int" else text
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Cut a trailing line without its newline (a crash mid-write) so appended rows start on a fresh line."""
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+class MeasurementLog:
+    """Append-only CSV writer: writes the header once, then one flushed line per `append`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            _drop_partial_last_line(self.path)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        self._file: IO[str] = self.path.open("a", newline="")
+        self._writer = csv.writer(self._file)
+        if fresh:
+            self._writer.writerow(COLUMNS)
+            self._file.flush()
+
+    def append(self, m: Measurement) -> None:
+        self._writer.writerow([_format(v) for v in astuple(m)])
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> MeasurementLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class CellProgress:
+    """What a (phase, concurrency) cell already holds: requests done, next seq, and busy time spent."""
+
+    completed: int
+    next_seq: int
+    spent_s: float
+
+
+def cell_progress(rows: Iterable[Measurement], phase: str, concurrency: int) -> CellProgress:
+    """Progress of one cell from earlier rows. Time spent is the attempts' total duration divided by the
+    concurrency (the cell's workers run in parallel), so gaps between an interrupted run and its resumption
+    are not charged to the budget."""
+    mine = [r for r in rows if r.phase == phase and r.concurrency == concurrency]
+    completed = sum(1 for r in mine if r.ok)
+    next_seq = max((r.seq for r in mine), default=-1) + 1
+    busy = sum(r.e2e_s for r in mine if not math.isnan(r.e2e_s))
+    return CellProgress(completed=completed, next_seq=next_seq, spent_s=busy / max(1, concurrency))

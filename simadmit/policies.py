@@ -1,0 +1,119 @@
+"""Admission policies: decide at the front door, before queueing, whether a request may enter.
+
+Plain Python with no simulator imports, so a real gateway can run the very same objects: it fills a
+`PoolView` from its last poll of the pool (plus what it admitted since), asks `decide`, and answers a
+rejection with HTTP 429 and the decision's Retry-After.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the gateway knows of a request: never its true output length."""
+
+    id: int
+    tier: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival_s: float
+    deadline_s: float | None = None  # absolute time by which the client needs its answer
+
+
+@dataclass(slots=True)
+class PoolView:
+    """A gateway's picture of a pool at decision time: stale by up to one poll interval."""
+
+    in_flight_gpu_s: float = 0.0  # predicted GPU-seconds admitted and not yet finished
+    queued: int = 0  # admitted requests not yet scheduled on an engine
+    running: int = 0  # requests in an engine batch
+    available_gpus: int = 0  # GPUs of replicas that are serving
+    polled_at: float = 0.0
+
+
+class Decision(NamedTuple):
+    admit: bool
+    reason: str
+    retry_after_s: float = 0.0
+
+
+ADMIT = Decision(True, "admitted")
+
+
+def retry_after(seconds: float) -> float:
+    """Retry-After as an HTTP header carries it: whole seconds, at least one."""
+    return float(max(1, math.ceil(seconds)))
+
+
+class AdmissionPolicy:
+    """Base class: one method, `decide`. Policies must not mutate the view."""
+
+    def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
+        raise NotImplementedError
+
+
+class Unconditional(AdmissionPolicy):
+    """Admit everything into an unbounded FIFO queue: p99 explodes past saturation."""
+
+    def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
+        return ADMIT
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth(AdmissionPolicy):
+    """Reject when `max_queued` admitted requests wait unscheduled: counts requests, not their cost."""
+
+    max_queued: int
+    retry_after_s: float = 1.0
+
+    def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
+        if view.queued >= self.max_queued:
+            return Decision(False, "queue_full", retry_after(self.retry_after_s))
+        return ADMIT
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSeconds(AdmissionPolicy):
+    """Admit by predicted GPU-seconds: predicted wait = in-flight GPU-seconds / available GPUs.
+
+    Rejects `pool_exhausted` when no GPU serves or the pool is already at its maximum, `would_exceed_sla`
+    when the predicted wait exceeds the tier's budget (tightened by the request's deadline), and
+    `pool_headroom_exhausted` when admitting would push in-flight work past max x headroom. The headroom
+    absorbs what other gateway replicas admitted since this one last polled.
+    """
+
+    budgets_s: dict[str, float] = field(default_factory=lambda: {"interactive": 3.0, "batch": 60.0})
+    default_budget_s: float = 3.0
+    headroom: float = 0.9
+    max_pool_gpu_s: float | None = None  # None: available GPUs x the largest budget
+    no_capacity_retry_s: float = 5.0
+
+    def budget(self, request: Request, now: float) -> float:
+        """Seconds of wait this request can afford: its tier's budget, or less if its deadline is near."""
+        b = self.budgets_s.get(request.tier, self.default_budget_s)
+        if request.deadline_s is not None:
+            b = min(b, request.deadline_s - now)
+        return b
+
+    def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
+        gpus = view.available_gpus
+        if gpus <= 0:
+            return Decision(False, "pool_exhausted", retry_after(self.no_capacity_retry_s))
+        max_pool = self.max_pool_gpu_s
+        if max_pool is None:
+            max_pool = gpus * max(self.default_budget_s, *self.budgets_s.values())
+        in_flight = view.in_flight_gpu_s
+        limit = max_pool * self.headroom
+        if in_flight >= max_pool:
+            return Decision(False, "pool_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
+        wait = in_flight / gpus
+        budget = self.budget(request, now)
+        if wait > budget:
+            return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)))
+        if in_flight + estimate_gpu_s > limit:
+            return Decision(False, "pool_headroom_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
+        return ADMIT

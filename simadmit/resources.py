@@ -1,0 +1,38 @@
+"""Files that ship with simadmit: the bundled scenarios and calibration profiles.
+
+An installed wheel carries them under `simadmit/_bundled/`; a source checkout has them at the repository
+root (`scenarios/`, `calibration/`). Both layouts are searched, in that order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+_ROOTS = (_PACKAGE / "_bundled", _PACKAGE.parent)
+
+
+def bundled(kind: str, name: str) -> Path | None:
+    """A bundled file `<kind>/<name>` (kind: scenarios or calibration), or None."""
+    for root in _ROOTS:
+        candidate = root / kind / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def default_scenario() -> Path:
+    """The scenario `simadmit simulate` runs when given none."""
+    path = bundled("scenarios", "default.yaml")
+    if path is None:
+        raise FileNotFoundError("the bundled default scenario is missing from this installation")
+    return path
+
+
+def resolve_profile(ref: str, base: Path) -> Path | None:
+    """A profile reference: a path (relative to the scenario's folder) or a bundled profile name."""
+    path = Path(ref) if Path(ref).is_absolute() else base / ref
+    if path.is_file():
+        return path
+    name = ref if ref.endswith((".yaml", ".yml")) else f"{ref}.yaml"
+    return bundled("calibration", Path(name).name)

@@ -1,0 +1,299 @@
+"""Scenario files: the YAML a user writes, validated up front with pydantic.
+
+Everything is checked before a simulation starts, and every problem is reported on its own line as
+`file: field.path: message` (exit code 2 from the CLI). After validation the simulator runs on plain
+dataclasses built from these models, never on pydantic objects.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simadmit.errors import InputError, problem, pydantic_problems
+from simadmit.resources import resolve_profile
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- distributions -----------------------------------------------------------------------------------
+
+
+class FixedSpec(_Model):
+    kind: Literal["fixed"]
+    value: float = Field(gt=0)
+
+
+class LogNormalSpec(_Model):
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0, description="standard deviation of log(x)")
+    min: float = Field(default=1, ge=0)
+    max: float = Field(default=float("inf"), gt=0)
+
+
+class ExponentialSpec(_Model):
+    kind: Literal["exponential"]
+    mean: float = Field(gt=0)
+
+
+class EmpiricalSpec(_Model):
+    kind: Literal["empirical"]
+    values: list[float] = Field(min_length=1, description="observed values, resampled with replacement")
+
+
+DistSpec = Annotated[FixedSpec | LogNormalSpec | ExponentialSpec | EmpiricalSpec, Field(discriminator="kind")]
+
+
+# --- workload ----------------------------------------------------------------------------------------
+
+
+class PoissonSpec(_Model):
+    kind: Literal["poisson"]
+
+
+class GammaSpec(_Model):
+    kind: Literal["gamma"]
+    cv: float = Field(gt=0, description="coefficient of variation of inter-arrival times (1 = Poisson)")
+
+
+class MMPPSpec(_Model):
+    kind: Literal["mmpp"]
+    burst_factor: float = Field(gt=1, description="burst rate / calm rate")
+    calm_s: float = Field(gt=0, description="mean duration of a calm period")
+    burst_s: float = Field(gt=0, description="mean duration of a burst")
+
+
+ArrivalSpec = Annotated[PoissonSpec | GammaSpec | MMPPSpec, Field(discriminator="kind")]
+
+
+class SLOSpec(_Model):
+    ttft_s: float = Field(default=float("inf"), gt=0, description="time to first token counted as good")
+    e2e_s: float = Field(default=float("inf"), gt=0, description="end-to-end latency counted as good")
+
+
+class TierSpec(_Model):
+    name: str
+    share: float = Field(gt=0, description="fraction of arrivals (shares are normalised)")
+    prompt_tokens: DistSpec
+    output_tokens: DistSpec = Field(description="actual output length; the gateway never sees it")
+    max_tokens: int = Field(gt=0, description="max_tokens the client sends; caps the output")
+    deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
+    slo: SLOSpec = SLOSpec()
+
+
+class WorkloadSpec(_Model):
+    seed: int = 0
+    rate_rps: float = Field(gt=0, description="mean arrival rate of first attempts, requests per second")
+    rate_multiplier: float = Field(default=1.0, gt=0, description="scales rate_rps (2.0 = twice the traffic)")
+    duration_s: float | None = Field(default=None, gt=0)
+    requests: int | None = Field(default=None, gt=0)
+    warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
+    arrival: ArrivalSpec = PoissonSpec(kind="poisson")
+    tiers: list[TierSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_length(self) -> WorkloadSpec:
+        if (self.duration_s is None) == (self.requests is None):
+            raise ValueError("set exactly one of duration_s and requests")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return self
+
+
+# --- pools -------------------------------------------------------------------------------------------
+
+
+class ContinuousEngineSpec(_Model):
+    kind: Literal["continuous"] = "continuous"
+    max_num_seqs: int | None = Field(default=None, gt=0, description="overrides the profile")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
+    kv_capacity_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
+
+
+class ClassicalEngineSpec(_Model):
+    kind: Literal["classical"]
+    service_time: DistSpec = Field(description="service time of one request, seconds (batch of 1)")
+
+
+EngineSpec = Annotated[ContinuousEngineSpec | ClassicalEngineSpec, Field(discriminator="kind")]
+
+
+class PoolSpec(_Model):
+    name: str = "pool"
+    profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
+    replicas: int = Field(gt=0)
+    gpus_per_replica: int | None = Field(default=None, gt=0, description="defaults to the profile's")
+    engine: EngineSpec = ContinuousEngineSpec()
+    tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
+
+
+# --- gateway, clients, policies ----------------------------------------------------------------------
+
+
+class GatewaySpec(_Model):
+    replicas: int = Field(default=1, gt=0, description="gateway replicas, each with its own stale view")
+    poll_interval_s: float = Field(default=0.2, ge=0, description="0 = every decision sees live state")
+    routing: Literal["least_work", "round_robin", "least_loaded"] = "least_work"
+    dispatch: Literal["immediate", "central"] = Field(
+        default="immediate",
+        description="immediate: route at admission to a replica's waiting queue; "
+        "central: hold in the gateway's queue until a replica has a free batch slot",
+    )
+
+
+class BackoffSpec(_Model):
+    base_s: float = Field(default=1.0, gt=0)
+    cap_s: float = Field(default=30.0, gt=0)
+    jitter: Literal["none", "full"] = "full"
+
+
+class ClientSpec(_Model):
+    max_retries: int = Field(default=3, ge=0, description="retries after a 429 (0 = never retry)")
+    honor_retry_after: bool = True
+    backoff: BackoffSpec = BackoffSpec()
+    abandon_after_s: float | None = Field(
+        default=None, gt=0, description="give up (and abort) without a first token this long after arriving"
+    )
+
+
+class UnconditionalSpec(_Model):
+    kind: Literal["unconditional"]
+    name: str | None = None
+
+
+class QueueDepthSpec(_Model):
+    kind: Literal["queue_depth"]
+    name: str | None = None
+    max_queued: int = Field(ge=0, description="reject when this many admitted requests wait unscheduled")
+    retry_after_s: float = Field(default=1.0, gt=0)
+
+
+class GpuSecondsSpec(_Model):
+    kind: Literal["gpu_seconds"]
+    name: str | None = None
+    budgets_s: dict[str, float] = Field(
+        default_factory=lambda: {"interactive": 3.0, "batch": 60.0},
+        description="wait budget per tier, seconds of predicted wait",
+    )
+    default_budget_s: float = Field(default=3.0, gt=0, description="budget of tiers not in budgets_s")
+    headroom: float = Field(default=0.9, gt=0, le=1.0)
+    max_pool_gpu_seconds: float | None = Field(
+        default=None, gt=0, description="default: available GPUs x the largest budget"
+    )
+
+
+PolicySpec = Annotated[UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec, Field(discriminator="kind")]
+
+
+class ScenarioSpec(_Model):
+    name: str = "scenario"
+    description: str = ""
+    workload: WorkloadSpec
+    pools: list[PoolSpec] = Field(min_length=1)
+    gateway: GatewaySpec = GatewaySpec()
+    clients: ClientSpec = ClientSpec()
+    policies: list[PolicySpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ScenarioSpec:
+        tiers = {t.name for t in self.workload.tiers}
+        served: set[str] = set()
+        for pool in self.pools:
+            unknown = set(pool.tiers or []) - tiers
+            if unknown:
+                raise ValueError(f"pool {pool.name!r} serves unknown tiers {sorted(unknown)}")
+            served |= set(pool.tiers or tiers)
+        if tiers - served:
+            raise ValueError(f"no pool serves tiers {sorted(tiers - served)}")
+        names = [policy_name(p) for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policy names must be unique (set name:), got {names}")
+        return self
+
+
+def policy_name(spec: UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec) -> str:
+    return spec.name or spec.kind
+
+
+def load_scenario(path: str | Path, overrides: dict[str, object] | None = None) -> tuple[ScenarioSpec, Path]:
+    """Read, validate and return a scenario with the directory its relative paths are resolved against."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError([problem(path, None, "scenario file not found")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+    if not isinstance(data, dict):
+        raise InputError([problem(path, None, "a scenario must be a YAML mapping")])
+    return scenario_from_dict(data, path, overrides), path.parent
+
+
+def scenario_from_dict(
+    data: dict[str, object], source: str | Path | None = None, overrides: dict[str, object] | None = None
+) -> ScenarioSpec:
+    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first."""
+    data = _apply_overrides(data, overrides or {})
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as e:
+        raise InputError(pydantic_problems(source, e)) from None
+    base = Path(source).parent if source is not None else Path(".")
+    missing = [
+        problem(source, f"pools.{i}.profile", f"profile {p.profile!r} not found")
+        for i, p in enumerate(spec.pools)
+        if resolve_profile(p.profile, base) is None
+    ]
+    if missing:
+        raise InputError(missing)
+    return spec
+
+
+def _apply_overrides(data: dict[str, object], overrides: dict[str, object]) -> dict[str, object]:
+    """Set dotted paths in a copy of a nested document.
+
+    A list element is addressed by its index or by its `name` (or `kind`), so `policies.gpu_seconds.headroom`
+    and `workload.tiers.interactive.share` work as a user would expect.
+    """
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node: object = data
+        keys = dotted.split(".")
+        for depth, key in enumerate(keys):
+            last = depth == len(keys) - 1
+            if isinstance(node, list):
+                i = _list_index(node, key)
+                if i is None:
+                    raise InputError([problem("--set", dotted, f"no element {key!r} in this list")])
+                if last:
+                    node[i] = value
+                else:
+                    node = node[i]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = value
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise InputError([problem("--set", dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")])
+    return data
+
+
+def _list_index(items: list[object], key: str) -> int | None:
+    if key.lstrip("-").isdigit():
+        i = int(key)
+        return i if -len(items) <= i < len(items) else None
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and (item.get("name") == key or (item.get("kind") == key and "name" not in item)):
+            return i
+    return None

@@ -1,0 +1,234 @@
+"""Simulation: one run of one admission policy over one workload.
+
+Clients arrive open-loop (one chained event per arrival), a gateway replica applies the policy against
+its possibly stale `PoolView`, admitted requests enter a `Pool` of engines, rejected ones come back after
+a backoff, and every step lands in a `Ledger`. SimPy's environment is used as a bare event scheduler with
+callbacks: no per-request processes, no pydantic, no per-token events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from simadmit.client import backoff_delay
+from simadmit.engine import StepObserver
+from simadmit.ledger import ABANDONED, IN_FLIGHT, PENDING, REJECTED, TOO_LONG, Ledger
+from simadmit.policies import AdmissionPolicy, PoolView, Request
+from simadmit.pool import Pool
+from simadmit.workload import Workload
+from simadmit.world import World
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything a run leaves behind, for `records` to tabulate."""
+
+    policy: str
+    seed: int
+    ledger: Ledger
+    estimates: list[np.ndarray]  # per pool: predicted GPU-seconds of every request
+    busy_periods: list[list[list[tuple[float, float]]]]  # pool -> replica -> (start, end)
+    end_s: float
+    events: int
+
+
+def policy_requests(workload: Workload) -> list[Request]:
+    """The gateway-visible view of every request, built once and shared by all policies."""
+    names = workload.tier_names
+    return [
+        Request(i, names[t], p, m, a, None if math.isinf(d) else d)
+        for i, (t, p, m, a, d) in enumerate(
+            zip(
+                workload.tier.tolist(),
+                workload.prompt.tolist(),
+                workload.max_tokens.tolist(),
+                workload.arrival.tolist(),
+                workload.deadline.tolist(),
+                strict=True,
+            )
+        )
+    ]
+
+
+class Simulation:
+    def __init__(
+        self,
+        world: World,
+        workload: Workload,
+        policy: AdmissionPolicy,
+        seed: int,
+        requests: list[Request] | None = None,
+        observer: StepObserver | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.world = world
+        self.workload = workload
+        self.policy = policy
+        self.seed = seed
+        self.env = env = simpy.Environment()
+        n = len(workload)
+        self.n = n
+        self.ledger = Ledger(n)
+        self.requests = requests if requests is not None else policy_requests(workload)
+        self.arrival = workload.arrival.tolist()
+        self.deadline = workload.deadline.tolist()
+        self.total_tokens = (workload.prompt + workload.max_tokens).tolist()
+        self.tier = workload.tier.tolist()
+        self.pool_of_tier = [0] * len(workload.tier_names)
+        for p, cfg in enumerate(world.pools):
+            for t in cfg.tiers:
+                self.pool_of_tier[t] = p
+        self.estimates = []
+        self.pools: list[Pool] = []
+        prompt, output = workload.prompt.tolist(), workload.output.tolist()
+        central = world.gateway.dispatch == "central"
+        for p, cfg in enumerate(world.pools):
+            est = cfg.estimator.estimate_many(workload.prompt, workload.max_tokens)
+            self.estimates.append(est)
+            service = None
+            if cfg.service is not None:
+                service = cfg.service.sample(np.random.default_rng([seed, 4, p]), n)
+            self.pools.append(
+                Pool(
+                    env, p, cfg.replicas, cfg.gpus_per_replica, est.tolist(), prompt, output, self.ledger,
+                    self._done, world.gateway.routing, central, cfg.profile.step_time, cfg.limits, service,
+                    observer,
+                )
+            )  # fmt: skip
+        self.est = [e.tolist() for e in self.estimates]
+        self.max_tokens = [cfg.max_request_tokens for cfg in world.pools]
+        g = world.gateway
+        self.views = [[PoolView() for _ in self.pools] for _ in range(g.replicas)]
+        self.live = g.poll_interval_s == 0
+        self.next_gateway = 0
+        self.jitter = np.random.default_rng([seed, 3])
+        self.outstanding = n
+        self.next_arrival = 0
+        self.progress = progress
+        self.events = 0
+
+    # --- arrivals and decisions ------------------------------------------------------------------------
+
+    def run(self, policy_name: str = "") -> RunResult:
+        env = self.env
+        for gw in range(len(self.views)):
+            self._poll(gw)
+            if not self.live:
+                offset = self.world.gateway.poll_interval_s * gw / len(self.views)
+                env.timeout(offset).callbacks.append(lambda _e, gw=gw: self._poll_loop(gw))
+        if self.n:
+            env.timeout(self.arrival[0]).callbacks.append(self._arrive)
+        while True:
+            try:
+                env.step()
+            except simpy.core.EmptySchedule:
+                break
+            self.events += 1
+        led = self.ledger
+        for rid in range(self.n):
+            if led.outcome[rid] == PENDING and led.admit[rid] == led.admit[rid]:
+                led.outcome[rid] = IN_FLIGHT
+        busy = []
+        for pool in self.pools:
+            periods = []
+            for r in pool.replicas:
+                if r.busy:
+                    r.busy_periods.append((r.busy_since, env.now))
+                periods.append(r.busy_periods)
+            busy.append(periods)
+        return RunResult(policy_name, self.seed, led, self.estimates, busy, env.now, self.events)
+
+    def _arrive(self, _ev: simpy.Event) -> None:
+        i = self.next_arrival
+        self.next_arrival = i + 1
+        if i + 1 < self.n:
+            self.env.timeout(self.arrival[i + 1] - self.arrival[i]).callbacks.append(self._arrive)
+        if self.progress is not None and i & 4095 == 0:
+            self.progress(i)
+        abandon = self.world.clients.abandon_after_s
+        if abandon is not None:
+            self.env.timeout(abandon).callbacks.append(lambda _e: self._abandon(i))
+        self._attempt(i)
+
+    def _attempt(self, rid: int) -> None:
+        led = self.ledger
+        if led.outcome[rid] != PENDING:  # the client gave up while backing off
+            return
+        now = self.env.now
+        tries = led.attempts[rid] + 1
+        led.attempts[rid] = tries
+        g = self.next_gateway
+        self.next_gateway = (g + 1) % len(self.views)
+        p = self.pool_of_tier[self.tier[rid]]
+        led.att_rid.append(rid)
+        led.att_time.append(now)
+        led.att_gateway.append(g)
+        if self.total_tokens[rid] > self.max_tokens[p]:  # vLLM answers 400: longer than the model allows
+            led.att_reason.append("too_long")
+            led.att_retry_after.append(0.0)
+            led.outcome[rid] = TOO_LONG
+            self._done(rid)
+            return
+        view = self.views[g][p]
+        if self.live:
+            self._refresh(view, self.pools[p], now)
+        est = self.est[p][rid]
+        admit, reason, retry_after = self.policy.decide(self.requests[rid], est, view, now)
+        led.att_reason.append(reason)
+        led.att_retry_after.append(retry_after)
+        if admit:
+            view.in_flight_gpu_s += est  # this gateway counts its own admits until the next poll
+            view.queued += 1
+            self.pools[p].admit(rid)
+            return
+        cfg = self.world.clients
+        if tries > cfg.max_retries:
+            led.outcome[rid] = REJECTED
+            self._done(rid)
+            return
+        delay = backoff_delay(tries, retry_after, cfg, float(self.jitter.random()))
+        if now + delay > self.deadline[rid]:  # the answer would come too late to matter
+            led.outcome[rid] = REJECTED
+            self._done(rid)
+            return
+        self.env.timeout(delay).callbacks.append(lambda _e: self._attempt(rid))
+
+    def _abandon(self, rid: int) -> None:
+        """The client's timeout: give up unless a first token has arrived."""
+        led = self.ledger
+        if led.outcome[rid] != PENDING or led.first_token[rid] == led.first_token[rid]:
+            return
+        if led.admit[rid] == led.admit[rid]:
+            led.finish[rid] = self.env.now
+            self.pools[led.pool[rid]].abort(rid)
+        else:
+            led.outcome[rid] = ABANDONED
+            self._done(rid)
+
+    def _done(self, rid: int) -> None:
+        self.outstanding -= 1
+
+    # --- gateway polling -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _refresh(view: PoolView, pool: Pool, now: float) -> None:
+        view.in_flight_gpu_s = pool.in_flight_gpu_s
+        view.queued = pool.queued
+        view.running = pool.running
+        view.available_gpus = pool.available_gpus
+        view.polled_at = now
+
+    def _poll(self, gw: int) -> None:
+        now = self.env.now
+        for view, pool in zip(self.views[gw], self.pools, strict=True):
+            self._refresh(view, pool, now)
+
+    def _poll_loop(self, gw: int) -> None:
+        self._poll(gw)
+        if self.next_arrival < self.n or self.outstanding > 0:
+            self.env.timeout(self.world.gateway.poll_interval_s).callbacks.append(lambda _e: self._poll_loop(gw))

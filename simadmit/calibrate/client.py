@@ -63,10 +63,11 @@ def normalize_base_url(url: str) -> str:
     """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL is an `InputError`."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError([problem(None, "--endpoint", f"{url!r} is not an http(s) URL like http://host:8000")])
+        raise InputError(
+            [problem(None, "--endpoint", f"{url!r} is not an http(s) URL like http://host:8000")]
+        )
     path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = path.removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
@@ -85,21 +86,37 @@ async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) 
         raise _connection_problem(base_url, e) from None
     if response.status_code != 200:
         raise InputError(
-            [problem(None, "--endpoint", f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?")]
+            [
+                problem(
+                    None,
+                    "--endpoint",
+                    f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
+                )
+            ]
         )
     try:
         served = {m["id"]: m for m in response.json()["data"]}
     except (ValueError, KeyError, TypeError):
-        raise InputError([problem(None, "--endpoint", f"{base_url}/v1/models did not return a model list")]) from None
+        raise InputError(
+            [problem(None, "--endpoint", f"{base_url}/v1/models did not return a model list")]
+        ) from None
     if not served:
         raise InputError([problem(None, "--endpoint", f"{base_url} serves no model")])
     if model is None:
         model = next(iter(served))
     elif model not in served:
-        raise InputError([problem(None, "--model", f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")])
+        raise InputError(
+            [
+                problem(
+                    None, "--model", f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})"
+                )
+            ]
+        )
     max_len = served[model].get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
-        raise InputError([problem(None, "--endpoint", f"{base_url}/v1/models gives no max_model_len for {model!r}")])
+        raise InputError(
+            [problem(None, "--endpoint", f"{base_url}/v1/models gives no max_model_len for {model!r}")]
+        )
     version = "unknown"
     try:
         v = await client.get(f"{base_url}/version", timeout=10.0)

@@ -2,11 +2,14 @@
 
 Each measurement becomes a sum of engine steps, which is linear in the model's coefficients:
 - a prefill-sweep request (concurrency 1, one output token) has TTFT = ceil(P / token budget) steps that
-  compute P prompt tokens, plus a per-request latency outside the engine (HTTP, tokenisation, detokenisation);
-- a decode request at concurrency c has a median inter-token gap of one step decoding c sequences that hold
-  c * (prompt + half the output) tokens of context.
-The per-request latency is fitted as a fifth, nuisance coefficient so it does not inflate the step overhead.
-Rows are weighted by 1/observed so a 20 ms gap counts as much as a 2 s TTFT (the fit minimises relative
+  compute P prompt tokens, plus an offset: the latency outside the engine (HTTP, tokenisation), and the
+  intercept of a straight line through a cost that grows faster than linearly with P (attention);
+- a decode request at concurrency c spends output - 1 steps between its first and last token, each decoding
+  c sequences that hold c * (prompt + half the output) tokens of context, plus any prompt tokens of other
+  requests prefilled meanwhile.
+The TTFT offset is a fifth, nuisance coefficient, free in sign, so neither effect leaks into the step
+overhead, which the decode windows pin down.
+Rows are weighted by 1/observed so a 0.2 s TTFT counts as much as a 5 s decode window (the fit minimises relative
 error), and coefficients are constrained to be non-negative, as the profile requires.
 """
 
@@ -14,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +26,13 @@ import numpy as np
 from simadmit.calibrate.measurements import Measurement
 from simadmit.profile import StepTimeModel
 
-COEFFICIENTS = ("overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s", "request_overhead_s")
+COEFFICIENTS = (
+    "overhead_s",
+    "per_prefill_token_s",
+    "per_decode_seq_s",
+    "per_context_token_s",
+    "ttft_offset_s",
+)
 FITTED_PHASES = ("prefill", "decode", "saturation")
 
 
@@ -42,7 +52,9 @@ class Observation:
         return (self.steps, self.prefill_tokens, self.decode_seqs, self.context_tokens, self.requests)
 
 
-def ttft_observation(prompt_tokens: int, token_budget: int, seconds: float = math.nan, phase: str = "prefill") -> Observation:
+def ttft_observation(
+    prompt_tokens: int, token_budget: int, seconds: float = math.nan, phase: str = "prefill"
+) -> Observation:
     """TTFT of a lone request: its prompt prefilled in chunks of at most `token_budget` tokens; each chunk's
     step holds the context computed so far."""
     chunks = max(1, math.ceil(prompt_tokens / token_budget))
@@ -50,42 +62,94 @@ def ttft_observation(prompt_tokens: int, token_budget: int, seconds: float = mat
     return Observation(phase, chunks, prompt_tokens, 0.0, context, 1.0, seconds)
 
 
-def itl_observation(
-    concurrency: int, prompt_tokens: int, output_tokens: int, seconds: float = math.nan, phase: str = "decode"
+def decode_observation(
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    interfering_prompt_tokens: float = 0.0,
+    seconds: float = math.nan,
+    phase: str = "decode",
 ) -> Observation:
-    """One decode step of `concurrency` sequences, each holding its prompt and half its output on average."""
-    return Observation(phase, 1.0, 0.0, concurrency, concurrency * (prompt_tokens + output_tokens / 2), 0.0, seconds)
+    """The decode window of one request (first to last token: output - 1 steps) in a batch of `concurrency`
+    sequences, each holding its prompt and half its output on average, plus the prompt tokens of other
+    requests whose prefill ran inside the window (chunked prefill mixes them into the decode steps)."""
+    steps = output_tokens - 1
+    context = steps * concurrency * (prompt_tokens + output_tokens / 2) + interfering_prompt_tokens
+    return Observation(phase, steps, interfering_prompt_tokens, steps * concurrency, context, 0.0, seconds)
 
 
-def observations(rows: Sequence[Measurement], token_budget: int) -> list[Observation]:
-    """The fit's data: prefill-sweep TTFTs and decode/saturation median inter-token gaps of successful rows."""
-    out = []
+def _typical(
+    rows: list[Measurement], value: Callable[[Measurement], float], band: float
+) -> list[Measurement]:
+    """Rows whose value is within a factor `band` of the median of rows with the same phase, concurrency and
+    prompt length. A stream the server held back and then flushed in one burst gives a TTFT or a decode
+    window that is wrong by several times; such rows are not measurements of the engine."""
+    groups: dict[tuple[str, int, int], list[Measurement]] = defaultdict(list)
     for r in rows:
-        if not r.ok or r.phase not in FITTED_PHASES:
-            continue
-        if r.phase == "prefill" and r.ttft_s > 0:
-            out.append(ttft_observation(r.prompt_tokens, token_budget, r.ttft_s))
-        elif r.phase != "prefill" and r.output_tokens > 2 and r.itl_p50_s > 0:
-            out.append(itl_observation(r.concurrency, r.prompt_tokens, r.output_tokens, r.itl_p50_s, r.phase))
-    return out
+        groups[(r.phase, r.concurrency, r.prompt_tokens_target)].append(r)
+    keep = []
+    for group in groups.values():
+        mid = float(np.median([value(r) for r in group]))
+        keep += [r for r in group if mid / band <= value(r) <= mid * band]
+    return keep
 
 
-def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin |a x - b| subject to x >= 0, for a handful of columns.
+def observations(
+    rows: Sequence[Measurement], token_budget: int, band: float = 2.0
+) -> tuple[list[Observation], int]:
+    """The fit's data from successful rows, and how many were set aside as delivery artifacts.
+
+    Prefill-sweep rows give their TTFT; decode and saturation rows their decode window, timed from first to
+    last token so chunks arriving in bursts do not matter; prefills of other requests inside a window are
+    found from their first-token times.
+    """
+    ok = [r for r in rows if r.ok]
+    first_token = np.array([r.start_unix_s + r.ttft_s for r in ok])
+    order = np.argsort(first_token)
+    first_sorted = first_token[order]
+    prompt_cumsum = np.concatenate(([0.0], np.cumsum([ok[i].prompt_tokens for i in order])))
+    prefill = [r for r in ok if r.phase == "prefill" and r.ttft_s > 0]
+    decode = [r for r in ok if r.phase in FITTED_PHASES[1:] and r.output_tokens > 2 and r.itl_mean_s > 0]
+    kept_prefill = _typical(prefill, lambda r: r.ttft_s, band)
+    kept_decode = _typical(decode, lambda r: r.itl_mean_s, band)
+    out = [ttft_observation(r.prompt_tokens, token_budget, r.ttft_s) for r in kept_prefill]
+    for r in kept_decode:
+        t0 = r.start_unix_s + r.ttft_s
+        window = r.itl_mean_s * (r.output_tokens - 1)
+        lo, hi = np.searchsorted(first_sorted, [t0, t0 + window], side="right")
+        interfering = float(prompt_cumsum[hi] - prompt_cumsum[lo])
+        out.append(
+            decode_observation(r.concurrency, r.prompt_tokens, r.output_tokens, interfering, window, r.phase)
+        )
+    discarded = len(prefill) + len(decode) - len(out)
+    return out, discarded
+
+
+def decode_step_s(step: StepTimeModel, concurrency: int, prompt_tokens: int, output_tokens: int) -> float:
+    """Predicted inter-token latency of a steady batch of `concurrency` identical requests (no prefills)."""
+    return step.step_time(0, concurrency, int(concurrency * (prompt_tokens + output_tokens / 2)))
+
+
+def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, free: Sequence[int] = ()) -> np.ndarray:
+    """argmin |a x - b| subject to x >= 0 except for the `free` columns, for a handful of columns.
 
     The constrained optimum is the unconstrained least-squares solution on its own support, so trying every
-    support (2^5 = 32 here) and keeping the best feasible one is exact, and plainly correct.
+    support of the constrained columns (2^4 = 16 here) and keeping the best feasible one is exact, and
+    plainly correct.
     """
     n = a.shape[1]
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     a = a / scale
-    best, best_cost = np.zeros(n), float(np.sum(b**2))
-    for k in range(1, n + 1):
-        for support in itertools.combinations(range(n), k):
-            cols = list(support)
+    bounded = [j for j in range(n) if j not in free]
+    best, best_cost = np.zeros(n), math.inf
+    for k in range(len(bounded) + 1):
+        for support in itertools.combinations(bounded, k):
+            cols = sorted([*support, *free])
+            if not cols:
+                continue
             x_s, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(x_s < 0):
+            if any(x < 0 for j, x in zip(cols, x_s, strict=True) if j not in free):
                 continue
             cost = float(np.sum((a[:, cols] @ x_s - b) ** 2))
             if cost < best_cost - 1e-15:
@@ -109,7 +173,7 @@ class PhaseFit:
 @dataclass(frozen=True, slots=True)
 class FitResult:
     step: StepTimeModel
-    request_overhead_s: float
+    ttft_offset_s: float
     n: int
     r2: float
     phases: dict[str, PhaseFit]
@@ -119,14 +183,20 @@ class FitResult:
 
     def coefficients(self) -> tuple[float, float, float, float, float]:
         s = self.step
-        return (s.overhead_s, s.per_prefill_token_s, s.per_decode_seq_s, s.per_context_token_s, self.request_overhead_s)
+        return (
+            s.overhead_s,
+            s.per_prefill_token_s,
+            s.per_decode_seq_s,
+            s.per_context_token_s,
+            self.ttft_offset_s,
+        )
 
     def report(self) -> dict[str, object]:
         """The `fit:` section of the profile."""
         return {
             "points": self.n,
             "r2": round(self.r2, 4),
-            "request_overhead_s": float(f"{self.request_overhead_s:.4g}"),
+            "ttft_offset_s": float(f"{self.ttft_offset_s:.4g}"),
             "phases": {
                 name: {
                     "points": p.n,
@@ -151,7 +221,9 @@ def fit_step_model(obs: Sequence[Observation]) -> FitResult:
         raise ValueError("no observations to fit")
     x = np.array([o.features() for o in obs], dtype=float)
     y = np.array([o.seconds for o in obs], dtype=float)
-    coef = nonnegative_least_squares(x / y[:, None], np.ones_like(y))
+    coef = nonnegative_least_squares(
+        x / y[:, None], np.ones_like(y), free=[COEFFICIENTS.index("ttft_offset_s")]
+    )
     pred = x @ coef
     phases = {}
     for name in FITTED_PHASES:
@@ -168,7 +240,7 @@ def fit_step_model(obs: Sequence[Observation]) -> FitResult:
         )
     return FitResult(
         step=StepTimeModel(*(float(c) for c in coef[:4])),
-        request_overhead_s=float(coef[4]),
+        ttft_offset_s=float(coef[4]),
         n=len(obs),
         r2=_r2(y, pred) or 0.0,
         phases=phases,
@@ -185,11 +257,15 @@ class FitThresholds:
     max_median_abs_residual: float = 0.25  # per phase
 
 
-def fit_warnings(fit: FitResult, obs: Sequence[Observation], limits: FitThresholds = FitThresholds()) -> list[str]:
+def fit_warnings(
+    fit: FitResult, obs: Sequence[Observation], limits: FitThresholds = FitThresholds()
+) -> list[str]:
     """Human-readable reasons to distrust the fit; empty when it is sound."""
     out = []
     if fit.n < limits.min_points:
-        out.append(f"poor fit: only {fit.n} points (at least {limits.min_points} wanted); give it a longer --budget")
+        out.append(
+            f"poor fit: only {fit.n} points (at least {limits.min_points} wanted); give it a longer --budget"
+        )
     for name in ("prefill", "decode"):
         n = fit.phases[name].n if name in fit.phases else 0
         if n < limits.min_phase_points:

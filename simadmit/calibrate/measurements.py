@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 from simadmit.errors import InputError, problem
 
@@ -55,7 +55,11 @@ _TYPES = {f.name: f.type for f in fields(Measurement)}
 def measurements_path(profile_path: str | Path) -> Path:
     """`calibration/x.yaml` -> `calibration/x.measurements.csv`: the raw data sits next to its profile."""
     p = Path(profile_path)
-    return p.with_name(p.stem + ".measurements.csv") if p.suffix in (".yaml", ".yml") else Path(f"{p}.measurements.csv")
+    return (
+        p.with_name(p.stem + ".measurements.csv")
+        if p.suffix in (".yaml", ".yml")
+        else Path(f"{p}.measurements.csv")
+    )
 
 
 def _format(value: object) -> str:
@@ -75,7 +79,9 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or COLUMNS)]
     if missing:
-        raise InputError([problem(path, None, f"not a measurements file (missing columns: {', '.join(missing)})")])
+        raise InputError(
+            [problem(path, None, f"not a measurements file (missing columns: {', '.join(missing)})")]
+        )
     rows = []
     for n, rec in enumerate(reader, start=1):
         try:
@@ -124,7 +130,7 @@ class MeasurementLog:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> MeasurementLog:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

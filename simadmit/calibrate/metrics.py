@@ -51,7 +51,11 @@ def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 def parse_cache_config(text: str) -> CacheConfig | None:
     """KV cache size from a /metrics text; None when the server does not expose `vllm:cache_config_info`."""
     found = [labels for labels, _ in _samples(text, "vllm:cache_config_info")]
-    blocks = [(int(lb["num_gpu_blocks"]), int(lb["block_size"])) for lb in found if lb.get("num_gpu_blocks", "").isdigit()]
+    blocks = [
+        (int(lb["num_gpu_blocks"]), int(lb["block_size"]))
+        for lb in found
+        if lb.get("num_gpu_blocks", "").isdigit()
+    ]
     if not blocks:
         return None
     num_blocks, block_size = min(blocks)

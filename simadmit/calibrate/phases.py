@@ -55,19 +55,27 @@ def concurrency_levels(max_concurrency: int) -> list[int]:
     return levels
 
 
-def prefill_lengths(max_model_len: int, points: int = 8, shortest: int = 16, cap: int = 32768) -> tuple[int, ...]:
+def prefill_lengths(
+    max_model_len: int, points: int = 8, shortest: int = 16, cap: int = 32768
+) -> tuple[int, ...]:
     """Geometric prompt lengths from `shortest` to three quarters of the context (at most `cap`)."""
     longest = max(shortest + 1, min(cap, (3 * max_model_len) // 4))
     ratio = (longest / shortest) ** (1 / (points - 1))
     return tuple(sorted({round(shortest * ratio**k) for k in range(points)}))
 
 
-def plan_cells(max_model_len: int, kv_capacity_tokens: int, max_concurrency: int, budget_s: float) -> list[Cell]:
+def plan_cells(
+    max_model_len: int, kv_capacity_tokens: int, max_concurrency: int, budget_s: float
+) -> list[Cell]:
     """The whole calibration as cells in execution order (see module docstring)."""
     c_max = max_concurrency
-    out_tokens = min(max(64, 4 * c_max), max_model_len // 4)  # >= 4 gaps per batch-mate: medians stay pure decode
+    out_tokens = min(
+        max(64, 4 * c_max), max_model_len // 4
+    )  # >= 4 gaps per batch-mate: medians stay pure decode
     decode_prompt = min(128, max_model_len // 8)
-    kv_per_seq = int(0.9 * kv_capacity_tokens / c_max) - out_tokens  # keep the saturation batch inside the KV cache
+    kv_per_seq = (
+        int(0.9 * kv_capacity_tokens / c_max) - out_tokens
+    )  # keep the saturation batch inside the KV cache
     sat_prompt = max(decode_prompt, min(max_model_len // 4, 1024, kv_per_seq))
     levels = concurrency_levels(c_max)
     per_level = budget_s * PHASE_SHARES["decode"] / len(levels)
@@ -76,7 +84,9 @@ def plan_cells(max_model_len: int, kv_capacity_tokens: int, max_concurrency: int
         Cell("prefill", 1, prefill_lengths(max_model_len), 1, budget_s * PHASE_SHARES["prefill"], 8),
     ]
     cells += [Cell("decode", c, (decode_prompt,), out_tokens, per_level, c) for c in levels]
-    cells.append(Cell("saturation", c_max, (sat_prompt,), out_tokens, budget_s * PHASE_SHARES["saturation"], c_max))
+    cells.append(
+        Cell("saturation", c_max, (sat_prompt,), out_tokens, budget_s * PHASE_SHARES["saturation"], c_max)
+    )
     return cells
 
 
@@ -151,7 +161,9 @@ class Runner:
         for attempt in range(1, s.max_retries + 2):
             prompt = self._prompts.make(prompt_tokens)
             try:
-                a = await stream_completion(self._client, self._endpoint, prompt, cell.output_tokens, s.request_timeout_s)
+                a = await stream_completion(
+                    self._client, self._endpoint, prompt, cell.output_tokens, s.request_timeout_s
+                )
             except RequestRejected as e:
                 raise InputError(
                     [problem(None, "--endpoint", f"the server rejected a {prompt_tokens}-token request: {e}")]
@@ -187,7 +199,9 @@ class Runner:
             self.stats.faults[a.status] += 1
             self.stats.consecutive_failures += 1
             if self.stats.consecutive_failures >= s.give_up_after_failures:
-                raise EndpointLost(f"{self.stats.consecutive_failures} failed requests in a row (last: {a.status})")
+                raise EndpointLost(
+                    f"{self.stats.consecutive_failures} failed requests in a row (last: {a.status})"
+                )
             await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
         self.stats.gave_up += 1
 

@@ -18,18 +18,26 @@ def print_calibration(result: Calibration, console: Console) -> None:
         ("per_prefill_token_s", p.step_time.per_prefill_token_s * 1e6, "us / prompt token"),
         ("per_decode_seq_s", p.step_time.per_decode_seq_s * 1e3, "ms / decoding sequence"),
         ("per_context_token_s", p.step_time.per_context_token_s * 1e6, "us / context token"),
-        ("request_overhead_s (outside the engine)", fit.request_overhead_s * 1e3, "ms / request"),
+        ("ttft_offset_s (not part of the profile)", fit.ttft_offset_s * 1e3, "ms / request"),
     ):
         coefficients.add_row(name, f"{value:.4g} {unit}")
     console.print(coefficients)
 
-    quality = Table(title=f"fit: {fit.n} points, R^2 {fit.r2:.4f}; residual = predicted/measured - 1")
+    discarded = p.fit.get("discarded_as_burst_delivery", 0)
+    quality = Table(
+        title=f"fit: {fit.n} points ({discarded} set aside), R^2 {fit.r2:.4f}; residual = predicted/measured - 1"
+    )
     for col in ("phase", "points", "R^2", "median", "median |.|", "max |.|"):
         quality.add_column(col, justify="right")
     for name, ph in fit.phases.items():
         r2 = "-" if ph.r2 is None else f"{ph.r2:.3f}"
         quality.add_row(
-            name, str(ph.n), r2, f"{ph.median_residual:+.1%}", f"{ph.median_abs_residual:.1%}", f"{ph.max_abs_residual:.1%}"
+            name,
+            str(ph.n),
+            r2,
+            f"{ph.median_residual:+.1%}",
+            f"{ph.median_abs_residual:.1%}",
+            f"{ph.max_abs_residual:.1%}",
         )
     console.print(quality)
 

@@ -10,7 +10,7 @@ import asyncio
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,7 +43,7 @@ class CalibrationConfig:
     resume: bool = False
     max_num_seqs: int = 256  # the server's scheduler limits: not visible over HTTP, so taken from the user
     max_num_batched_tokens: int = 8192
-    runner: RunnerSettings = RunnerSettings()
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,13 @@ async def _connect(client: httpx.AsyncClient, cfg: CalibrationConfig) -> tuple[E
         cache = None
     if cache is None:
         raise InputError(
-            [problem(None, "--endpoint", f"{endpoint.base_url}/metrics has no vllm:cache_config_info: not a vLLM server?")]
+            [
+                problem(
+                    None,
+                    "--endpoint",
+                    f"{endpoint.base_url}/metrics has no vllm:cache_config_info: not a vLLM server?",
+                )
+            ]
         )
     return endpoint, cache
 
@@ -75,22 +81,36 @@ def _history(cfg: CalibrationConfig, csv_path: Path, endpoint: Endpoint) -> list
     if not csv_path.exists():
         return []
     if not cfg.resume:
-        raise InputError([problem(csv_path, None, "already exists: pass --resume to continue it, or remove it")])
+        raise InputError(
+            [problem(csv_path, None, "already exists: pass --resume to continue it, or remove it")]
+        )
     rows = read_measurements(csv_path)
     others = {r.model for r in rows} - {endpoint.model}
     if others:
-        raise InputError([problem(csv_path, None, f"holds measurements of {', '.join(sorted(others))}, not {endpoint.model}")])
+        raise InputError(
+            [
+                problem(
+                    csv_path, None, f"holds measurements of {', '.join(sorted(others))}, not {endpoint.model}"
+                )
+            ]
+        )
     return rows
 
 
 async def _run_plan(
-    cfg: CalibrationConfig, client: httpx.AsyncClient, endpoint: Endpoint, cache: CacheConfig, console: Console
+    cfg: CalibrationConfig,
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    cache: CacheConfig,
+    console: Console,
 ) -> tuple[Runner, dict[str, dict[str, float]], OverheadMonitor]:
     csv_path = measurements_path(cfg.out)
     history = _history(cfg, csv_path, endpoint)
     pool = await tokenize(client, endpoint, SAMPLE_TEXT)
     if pool is None:
-        console.print("[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]")
+        console.print(
+            "[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]"
+        )
     prompts = PromptMaker(pool, random.Random())
     cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
     overhead = OverheadMonitor()
@@ -107,7 +127,9 @@ async def _run_plan(
     return runner, sampler.summary(), overhead
 
 
-async def _run_with_progress(runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console) -> None:
+async def _run_with_progress(
+    runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console
+) -> None:
     """Run the cells in order, one progress bar (with ETA) per cell plus one for the whole budget."""
     columns = (
         TextColumn("{task.description:<28}"),
@@ -118,7 +140,7 @@ async def _run_with_progress(runner: Runner, cells: list[Cell], sampler: Metrics
         TimeRemainingColumn(),
     )
     todo = [(cell, *runner.remaining_s(cell)) for cell in cells]
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, refresh_per_second=2) as progress:
         total = progress.add_task("calibration", total=sum(t for _, t, _ in todo) or 1.0, requests=0)
         base = 0.0
         for cell, seconds, owed in todo:
@@ -201,7 +223,9 @@ def build_profile(
 
 async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     """Run a whole calibration and write the profile; `InputError` for anything the user must fix."""
-    limits = httpx.Limits(max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4)
+    limits = httpx.Limits(
+        max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4
+    )
     timeout = httpx.Timeout(connect=10.0, read=cfg.runner.request_timeout_s, write=30.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         endpoint, cache = await _connect(client, cfg)
@@ -212,7 +236,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         runner, server_metrics, overhead = await _run_plan(cfg, client, endpoint, cache, console)
     csv_path = measurements_path(cfg.out)
     rows = read_measurements(csv_path)
-    obs = observations(rows, cfg.max_num_batched_tokens)
+    obs, discarded = observations(rows, cfg.max_num_batched_tokens)
     if not obs:
         raise InputError([problem(csv_path, None, "no successful measurements to fit")])
     fit = fit_step_model(obs)
@@ -220,6 +244,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
     faults = dict(runner.stats.faults)
     extra = {
+        "discarded_as_burst_delivery": discarded,
         "measured": _measured_figures(rows, cells, cfg.gpus),
         "server_metrics": server_metrics,
         "faults_retried": faults,

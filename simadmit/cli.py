@@ -121,6 +121,8 @@ def simulate(
     elapsed = time.monotonic() - started
     write_outputs(result, out)
     console = Console()
+    if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
+        console = Console(width=140)
     print_summary(result.summary, f"{spec.name}: {spec.description}".rstrip(": "), console)
     console.print(
         f"{result.simulated_requests:,} simulated requests in {elapsed:.1f} s; tables in {out}/ "

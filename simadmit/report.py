@@ -41,8 +41,8 @@ def summary_table(
     summary: dict[str, dict[str, dict]], title: str, columns: tuple[tuple[str, str, str], ...]
 ) -> Table:
     table = Table(title=title, header_style="bold", title_justify="left")
-    table.add_column("policy")
-    table.add_column("tier")
+    table.add_column("policy", no_wrap=True)
+    table.add_column("tier", no_wrap=True)
     for _, label, _ in columns:
         table.add_column(label, justify="right")
     for policy, tiers in summary.items():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from simadmit.errors import InputError, problem, pydantic_problems
 from simadmit.resources import resolve_profile
@@ -123,7 +123,17 @@ class ClassicalEngineSpec(_Model):
     service_time: DistSpec = Field(description="service time of one request, seconds (batch of 1)")
 
 
-EngineSpec = Annotated[ContinuousEngineSpec | ClassicalEngineSpec, Field(discriminator="kind")]
+def _engine_kind(value: object) -> str:
+    """Engines default to continuous batching when `kind` is left out."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "continuous"))
+    return str(getattr(value, "kind", "continuous"))
+
+
+EngineSpec = Annotated[
+    Annotated[ContinuousEngineSpec, Tag("continuous")] | Annotated[ClassicalEngineSpec, Tag("classical")],
+    Discriminator(_engine_kind),
+]
 
 
 class PoolSpec(_Model):

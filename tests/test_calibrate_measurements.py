@@ -1,0 +1,84 @@
+"""The measurements CSV: rows survive a round trip, a crash mid-write, and resumption."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from simadmit.calibrate.measurements import (
+    Measurement,
+    MeasurementLog,
+    cell_progress,
+    measurements_path,
+    read_measurements,
+)
+from simadmit.errors import InputError
+
+ROW = Measurement(
+    phase="decode", concurrency=4, seq=0, attempt=1, model="m", start_unix_s=1.7e9, prompt_tokens_target=128,
+    prompt_tokens=128, output_tokens_target=64, output_tokens=64, ttft_s=0.25, itl_mean_s=0.04, itl_p50_s=0.039,
+    itl_p90_s=0.05, itl_max_s=0.1, n_chunks=64, e2e_s=2.8, status="ok",
+)  # fmt: skip
+
+
+def test_path_sits_next_to_profile() -> None:
+    assert measurements_path("calibration/x.yaml") == Path("calibration/x.measurements.csv")
+
+
+def test_round_trip_and_failed_rows(tmp_path: Path) -> None:
+    """Every attempt is a row; a failed one keeps NaN for what it never measured."""
+    failed = replace(ROW, seq=1, status="timeout", ttft_s=math.nan, itl_mean_s=math.nan, e2e_s=30.0)
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(ROW)
+        log.append(failed)
+    back = read_measurements(path)
+    assert back[0] == ROW
+    assert back[1].status == "timeout" and not back[1].ok and math.isnan(back[1].ttft_s)
+
+
+def test_each_row_is_on_disk_as_soon_as_appended(tmp_path: Path) -> None:
+    """Flushed per row: a reader sees a row before the writer is closed (what Ctrl-C or a crash leaves)."""
+    path = tmp_path / "m.csv"
+    log = MeasurementLog(path)
+    log.append(ROW)
+    assert read_measurements(path) == [ROW]
+    log.close()
+
+
+def test_partial_last_line_is_dropped_and_appending_continues(tmp_path: Path) -> None:
+    """A crash mid-write leaves a line without newline: reading ignores it, appending starts a fresh line."""
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(ROW)
+    path.write_text(path.read_text() + "decode,4,1,1,m,17000")
+    assert read_measurements(path) == [ROW]
+    with MeasurementLog(path) as log:
+        log.append(replace(ROW, seq=1))
+    assert [r.seq for r in read_measurements(path)] == [0, 1]
+
+
+def test_resume_progress_per_cell() -> None:
+    """A cell knows its completed requests, its next seq (after retries too) and the busy time it used."""
+    rows = [
+        ROW,
+        replace(ROW, seq=1, e2e_s=3.2),
+        replace(ROW, seq=2, status="http_503", e2e_s=0.4),
+        replace(ROW, seq=2, attempt=2, e2e_s=2.6),
+        replace(ROW, concurrency=8, seq=7),
+        replace(ROW, phase="prefill", concurrency=4, seq=9),
+    ]
+    p = cell_progress(rows, "decode", 4)
+    assert (p.completed, p.next_seq) == (3, 3)
+    assert p.spent_s == pytest.approx((2.8 + 3.2 + 0.4 + 2.6) / 4)
+    assert cell_progress(rows, "saturation", 4).next_seq == 0
+
+
+def test_foreign_csv_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(InputError, match="not a measurements file"):
+        read_measurements(path)

@@ -142,9 +142,9 @@ def latency_cdfs(requests: pd.DataFrame, slo: dict[str, dict[str, float]] | None
             done[done["tier"] == tier].groupby("policy", sort=False, observed=True)
         ):
             for ax, measure in zip(row, ("ttft_s", "e2e_s"), strict=True):
-                x = np.sort(rows[measure].to_numpy(dtype=float))
-                ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=str(policy),
-                        color=_color(str(policy), i))  # fmt: skip
+                q = np.linspace(0, 1, min(len(rows), 1000))  # quantiles: the curve without 10^5 steps
+                x = np.quantile(rows[measure].to_numpy(dtype=float), q)
+                ax.plot(x, q, label=str(policy), color=_color(str(policy), i))
         for ax, (key, name) in zip(row, (("ttft_s", "TTFT"), ("e2e_s", "end-to-end latency")), strict=True):
             _sla_line(ax, (slo or {}).get(tier, {}).get(key), vertical=True)
             ax.set_xscale("log")

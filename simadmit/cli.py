@@ -128,3 +128,8 @@ def simulate(
         f"{result.simulated_requests:,} simulated requests in {elapsed:.1f} s; tables in {out}/ "
         "(requests.parquet, timeseries.parquet, summary.json)"
     )
+
+
+from simadmit import sweep_cli  # noqa: E402
+
+sweep_cli.register(app)

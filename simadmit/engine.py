@@ -54,7 +54,9 @@ class Seq:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineLimits:
+class BatchLimits:
+    """What bounds one engine step: batch slots, token budget, KV-cache tokens."""
+
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_capacity_tokens: int
@@ -81,7 +83,7 @@ class Replica:
         env: simpy.Environment,
         index: int,
         step: StepTimeModel,
-        limits: EngineLimits,
+        limits: BatchLimits,
         listener: EngineListener,
         observer: StepObserver | None = None,
     ) -> None:
@@ -135,7 +137,7 @@ class Replica:
         self.n_waiting += 1
         if not self.busy:
             self._wake()
-        elif self.n_waiting == 1 and self.n_running < self.max_seqs:
+        elif self.n_waiting == 1 and len(self.prefilling) + len(self.decoders) < self.max_seqs:
             self._cut()
         return seq
 
@@ -220,9 +222,12 @@ class Replica:
         self._schedule(k * A + B * k * (k - 1) / 2)
 
     def _schedule(self, delay: float) -> None:
-        gen = self.gen
-        ev = self.env.timeout(delay)
-        ev.callbacks.append(lambda _ev: self._end_step() if gen == self.gen else None)
+        # the timeout carries the segment's generation: a stretch cut short leaves a stale timer behind
+        self.env.timeout(delay, self.gen).callbacks.append(self._on_timer)
+
+    def _on_timer(self, ev: simpy.Event) -> None:
+        if ev.value == self.gen:
+            self._end_step()
 
     def _cut(self) -> None:
         """Shorten a fast-forward stretch to the end of the step in progress."""

@@ -15,7 +15,7 @@ import numpy as np
 import simpy
 
 from simadmit.classical import ClassicalServer
-from simadmit.engine import EngineLimits, EngineListener, Replica, Seq, StepObserver
+from simadmit.engine import BatchLimits, EngineListener, Replica, Seq, StepObserver
 from simadmit.ledger import ABORTED, COMPLETED, Ledger
 from simadmit.profile import StepTimeModel
 
@@ -35,7 +35,7 @@ class Pool(EngineListener):
         routing: str,
         central: bool,
         step: StepTimeModel | None = None,
-        limits: EngineLimits | None = None,
+        limits: BatchLimits | None = None,
         service_s: np.ndarray | None = None,
         observer: StepObserver | None = None,
     ) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from simadmit import policies
 from simadmit.distributions import Distribution
-from simadmit.engine import EngineLimits
+from simadmit.engine import BatchLimits
 from simadmit.estimator import CostEstimator
 from simadmit.profile import Profile, load_profile
 from simadmit.resources import resolve_profile
@@ -33,7 +33,7 @@ class PoolConfig:
     replicas: int
     gpus_per_replica: int
     tiers: tuple[int, ...]  # indices of the tiers it serves
-    limits: EngineLimits
+    limits: BatchLimits
     max_request_tokens: int  # longer prompt + max_tokens gets a 400, as vLLM answers
     service: Distribution | None = None  # set: a classical server with this service time
 
@@ -94,10 +94,10 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
         profile = load_profile(path)
         e = p.engine
         if isinstance(e, ClassicalEngineSpec):
-            limits = EngineLimits(1, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens)
+            limits = BatchLimits(1, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens)
             service: Distribution | None = distribution(e.service_time)
         else:
-            limits = EngineLimits(
+            limits = BatchLimits(
                 e.max_num_seqs or profile.engine.max_num_seqs,
                 e.max_num_batched_tokens or profile.engine.max_num_batched_tokens,
                 e.kv_capacity_tokens or profile.kv_capacity_tokens,

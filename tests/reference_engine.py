@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simadmit.engine import EngineLimits
+from simadmit.engine import BatchLimits
 from simadmit.profile import StepTimeModel
 
 
@@ -29,7 +29,7 @@ class _Seq:
 
 
 def reference_run(
-    arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, step: StepTimeModel, limits: EngineLimits
+    arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, step: StepTimeModel, limits: BatchLimits
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """First-token and finish time of every request on one replica; also the number of steps."""
     n = len(arrival)

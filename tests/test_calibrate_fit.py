@@ -73,22 +73,20 @@ def test_nonnegative_least_squares_matches_bruteforce_kkt() -> None:
     assert nonnegative_least_squares(a, b, free=[1])[1] < 0
 
 
-def _row(**kw: object) -> Measurement:
-    base = dict(
-        phase="decode", concurrency=2, seq=0, attempt=1, model="m", start_unix_s=100.0, prompt_tokens_target=128,
-        prompt_tokens=128, output_tokens_target=11, output_tokens=11, ttft_s=0.1, itl_mean_s=0.05, itl_p50_s=0.05,
-        itl_p90_s=0.05, itl_max_s=0.05, n_chunks=11, e2e_s=0.6, status="ok",
-    )  # fmt: skip
-    return Measurement(**{**base, **kw})  # type: ignore[arg-type]
+BASE = Measurement(
+    phase="decode", concurrency=2, seq=0, attempt=1, model="m", start_unix_s=100.0, prompt_tokens_target=128,
+    prompt_tokens=128, output_tokens_target=11, output_tokens=11, ttft_s=0.1, itl_mean_s=0.05, itl_p50_s=0.05,
+    itl_p90_s=0.05, itl_max_s=0.05, n_chunks=11, e2e_s=0.6, status="ok",
+)  # fmt: skip
 
 
 def test_observations_count_prefills_inside_a_decode_window_and_drop_burst_artifacts() -> None:
     """Request A decodes from t=100.1 to 100.6; B's first token at 100.3 means B's 128-token prefill ran
     inside A's window. C's stream was held back and flushed at once (a 1 ms window): set aside."""
-    a = _row(seq=0)
-    b = _row(seq=1, start_unix_s=100.2)
-    c = _row(seq=2, start_unix_s=100.9, itl_mean_s=0.0001)
-    failed = _row(seq=3, status="timeout", ttft_s=math.nan)
+    a = replace(BASE, seq=0)
+    b = replace(BASE, seq=1, start_unix_s=100.2)
+    c = replace(BASE, seq=2, start_unix_s=100.9, itl_mean_s=0.0001)
+    failed = replace(BASE, seq=3, status="timeout", ttft_s=math.nan)
     obs, discarded = observations([a, b, c, failed], token_budget=2048)
     assert discarded == 1
     window_a, window_b = obs

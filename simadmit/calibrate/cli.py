@@ -15,8 +15,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from typer.core import TyperGroup
 
+from simadmit.calibrate.client import normalize_base_url
 from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path
 from simadmit.calibrate.phases import EndpointLost
@@ -145,3 +147,46 @@ def calibrate_command(
     except KeyboardInterrupt:
         kept = measurements_path(out) if out else None
         fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)
+
+
+@calibrate_app.command("check")
+def check_command(
+    profile: Annotated[Path, typer.Argument(help="calibration profile YAML to check")],
+    endpoint: Annotated[str, typer.Option(help="base URL of the vLLM endpoint the profile describes")],
+    model: Annotated[
+        str | None, typer.Option(help="served model name (default: the profile's model)")
+    ] = None,
+    requests: Annotated[int, typer.Option(min=1, help="requests in the replayed load")] = 40,
+    rate: Annotated[
+        float | None, typer.Option(help="arrivals per second (default: about two in flight)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the replayed load")] = 0,
+) -> None:
+    """Replay a short mixed load on the endpoint and on the simulator with PROFILE; compare TTFT and ITL."""
+    # Imported here: the check pulls in the simulator, which calibration itself does not need.
+    from simadmit.calibrate.check import CheckConfig, run_check
+    from simadmit.profile import load_profile
+
+    console = Console()
+    try:
+        loaded = load_profile(profile)
+        normalize_base_url(endpoint)
+        table, failed = run_check(
+            loaded, endpoint, model, CheckConfig(requests=requests, rate_per_s=rate, seed=seed)
+        )
+    except InputError as e:
+        fail(e.problems)
+    except KeyboardInterrupt:
+        fail(["interrupted"], code=130)
+    out = Table(title=f"{profile}: simulated vs measured ({requests} requests, {failed} failed)")
+    for col in ("metric", "stat", "predicted", "measured", "error"):
+        out.add_column(col, justify="right")
+    for row in table.itertuples():
+        out.add_row(
+            row.metric,
+            row.stat,
+            f"{row.predicted_s * 1e3:.1f} ms",
+            f"{row.measured_s * 1e3:.1f} ms",
+            f"{row.error:+.1%}",
+        )
+    console.print(out)

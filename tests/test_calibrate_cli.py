@@ -1,0 +1,76 @@
+"""`simadmit calibrate` as a user meets it without a server: one-line errors and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simadmit.calibrate.cli import parse_duration
+from simadmit.calibrate.launch import free_port
+from simadmit.errors import InputError
+
+
+def calibrate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "simadmit.calibrate", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+def test_connection_refused_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Nothing listens on the port: the user hears it at once, and no measurements file is left behind."""
+    port = free_port()
+    result = calibrate("--endpoint", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "p.yaml"))
+    assert_one_line_error(result, "connection refused", str(port))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://host/x", "http://"])
+def test_bad_url_is_one_line_and_exit_2(tmp_path: Path, url: str) -> None:
+    assert_one_line_error(calibrate("--endpoint", url, "--out", str(tmp_path / "p.yaml")), "--endpoint")
+
+
+def test_missing_out_and_endpoint_are_both_reported(tmp_path: Path) -> None:
+    result = calibrate()
+    assert result.returncode == 2
+    assert {"--out", "--endpoint"} <= {line.split(":")[0] for line in result.stderr.strip().splitlines()}
+
+
+def test_launch_without_vllm_fails_fast_with_the_servers_last_words(tmp_path: Path) -> None:
+    """`--launch` with an interpreter that has no vLLM: the server dies at start-up, and its log says why."""
+    result = calibrate(
+        "--launch", "some/model", "--vllm-python", sys.executable, "--out", str(tmp_path / "p.yaml"),
+        "--", "--dtype", "bfloat16",
+    )  # fmt: skip
+    assert_one_line_error(result, "vLLM exited", "No module named vllm")
+
+
+def test_vllm_args_need_launch(tmp_path: Path) -> None:
+    result = calibrate(
+        "--endpoint", "http://127.0.0.1:1", "--out", str(tmp_path / "p.yaml"), "--", "--dtype", "x"
+    )
+    assert_one_line_error(result, "--launch")
+
+
+def test_budget_durations() -> None:
+    assert parse_duration("10m") == 600
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90") == 90
+    assert parse_duration("2.5s") == 2.5
+    with pytest.raises(InputError, match="--budget"):
+        parse_duration("ten minutes")

@@ -33,7 +33,7 @@ import yaml
 from simadmit import summary
 from simadmit.errors import InputError, problem
 from simadmit.scenario import GpuSecondsSpec, QueueDepthSpec, load_scenario, policy_name, scenario_from_dict
-from simadmit.sweep import Backend, process_map, run_unit
+from simadmit.sweep import Backend, curves, process_map, run_unit
 from simadmit.world import build_world
 
 ALIASES = {
@@ -367,21 +367,16 @@ def utilization_targets(
     when it never leaves (`sla_left` False). GPU utilization is the pool's work utilization ("all" rows).
     """
     slo = tier_slo[tier]
-    skip = {"point", "policy", "tier", "seed", "replications", "offered_rps", "workload.rate_multiplier",
-            "workload.rate_rps"}  # fmt: skip
-    params = [c for c in table.columns if "." in c and c not in skip and not c.endswith("_ci95")]
-    mine = table[table["tier"] == tier]
     util = table[table["tier"] == "all"].set_index(["point", "policy"])
     rows = []
-    for key, group in mine.groupby(["policy", *params], sort=False, dropna=False):
-        group = group.sort_values("offered_rps")
+    for policy, settings, group in curves(table[table["tier"] == tier]):
         pool = util.loc[list(zip(group["point"], group["policy"], strict=True))]
         u = pool["work_utilization"].to_numpy()
         u_ci = pool.get("work_utilization_ci95", pd.Series(math.nan, index=pool.index)).to_numpy()
         excess = np.maximum(group["ttft_p99_s"] / slo["ttft_s"], group["e2e_p99_s"] / slo["e2e_s"]).to_numpy()
         inside = excess <= 1
         out = np.flatnonzero(~inside)
-        row = dict(zip(["policy", *params], key if isinstance(key, tuple) else (key,), strict=True))
+        row: dict[str, object] = {"policy": policy, **settings}
         if len(out) and out[0] == 0:
             row.update(utilization_target=math.nan, ci95=math.nan, offered_rps=math.nan, sla_left=True)
         elif len(out):

@@ -20,9 +20,10 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from simadmit.sweep import curves
+
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
-_LOAD_AXES = ("workload.rate_multiplier", "workload.rate_rps")
 
 
 def _color(name: str, index: int) -> str:
@@ -30,27 +31,12 @@ def _color(name: str, index: int) -> str:
 
 
 def _series(table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(label, policy, rows) per curve: a policy, split by any other swept setting that concerns it.
-
-    A swept `policies.<name>.*` field only splits the curves of that policy; the other policies' rows
-    for its values are identical and only the first is kept.
-    """
-    params = [c for c in table.columns if "." in c and c not in _LOAD_AXES and not c.endswith("_ci95")]
+    """(label, policy, rows) per curve, labelled by the settings that split it."""
     out = []
-    for policy, rows in table.groupby("policy", sort=False):
-        mine = [p for p in params if not p.startswith("policies.") or p.split(".")[1] == policy]
-        for p in params:
-            if p not in mine:
-                rows = rows[rows[p] == rows[p].iloc[0]]
-        varying = [p for p in mine if rows[p].nunique() > 1]
-        if not varying:
-            out.append((str(policy), str(policy), rows))
-            continue
-        for key, part in rows.groupby(varying, sort=True):
-            values = key if isinstance(key, tuple) else (key,)
-            label = ", ".join(f"{p.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{p.split('.')[-1]}={v}"
-                              for p, v in zip(varying, values, strict=True))  # fmt: skip
-            out.append((f"{policy}, {label}", str(policy), part))
+    for policy, settings, rows in curves(table):
+        label = ", ".join(f"{p.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{p.split('.')[-1]}={v}"
+                          for p, v in settings.items())  # fmt: skip
+        out.append((f"{policy}, {label}" if label else policy, policy, rows))
     return out
 
 
@@ -78,7 +64,6 @@ def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float]
     axes = fig.subplots(1, 2)
     util = table[table["tier"] == "all"].set_index(["point", "policy"])
     for i, (label, policy, rows) in enumerate(_series(table[table["tier"] == tier])):
-        rows = rows.sort_values("offered_rps")
         pool = util.loc[list(zip(rows["point"], rows["policy"], strict=True))]
         x = 100 * pool["work_utilization"].to_numpy(dtype=float)
         for ax, measure in zip(axes, ("ttft_p99_s", "e2e_p99_s"), strict=True):
@@ -100,7 +85,6 @@ def _vs_load(table: pd.DataFrame, tier: str, measure: str, scale: float, ylabel:
     fig = Figure(figsize=(6.5, 4.2), layout="constrained")
     ax = fig.subplots()
     for i, (label, policy, rows) in enumerate(_series(table[table["tier"] == tier])):
-        rows = rows.sort_values("offered_rps")
         err = _ci(rows, measure)
         _curve(ax, rows["offered_rps"].to_numpy(dtype=float), scale * rows[measure].to_numpy(dtype=float),
                None if err is None else scale * err, label, _color(policy, i))  # fmt: skip

@@ -287,3 +287,32 @@ def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path) -> None:
         "tier_slo": plan.tier_slo,
     }
     (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str, allow_nan=True) + "\n")
+
+
+LOAD_AXES = ("workload.rate_multiplier", "workload.rate_rps")
+
+
+def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFrame]]:
+    """Split a sweep table into curves along the load axis: (policy, settings, rows), rows by offered load.
+
+    A curve is one policy at one value of every other swept setting that concerns it. A swept
+    `policies.<name>.*` field only splits the curves of that policy: the other policies' rows for its
+    values are identical runs, and only the first is kept.
+    """
+    params = [c for c in table.columns if "." in c and c not in LOAD_AXES and not c.endswith("_ci95")]
+    out = []
+    for policy, rows in table.groupby("policy", sort=False):
+        mine = [p for p in params if not p.startswith("policies.") or p.split(".")[1] == policy]
+        for p in params:
+            if p not in mine:
+                rows = rows[rows[p] == rows[p].iloc[0]]
+        varying = [p for p in mine if rows[p].nunique() > 1]
+        if not varying:
+            out.append((str(policy), {}, rows.sort_values("offered_rps")))
+            continue
+        for key, part in rows.groupby(varying, sort=True):
+            values = key if isinstance(key, tuple) else (key,)
+            out.append(
+                (str(policy), dict(zip(varying, values, strict=True)), part.sort_values("offered_rps"))
+            )
+    return out

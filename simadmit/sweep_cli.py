@@ -134,13 +134,15 @@ def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> T
     columns = [
         c for c in targets.columns if c not in ("utilization_target", "ci95", "offered_rps", "sla_left")
     ]
-    for c in [*columns, "GPU utilization", "±95%", "at load (req/s)", "note"]:
-        table.add_column(c, justify="left" if c in columns or c == "note" else "right")
+    for c in [*(c.split(".")[-1] for c in columns), "GPU utilization", "±95%", "at load (req/s)", "note"]:
+        table.add_column(
+            c, justify="right" if c in ("GPU utilization", "±95%", "at load (req/s)") else "left"
+        )
     for _, r in targets.iterrows():
         note = "p99 within SLA at every load swept" if not r["sla_left"] else ""
         if math.isnan(r["utilization_target"]):
             note = "p99 over the SLA even at the lowest load"
-        table.add_row(*(str(r[c]) for c in columns), _fmt("work_utilization", r["utilization_target"]),
+        table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), _fmt("work_utilization", r["utilization_target"]),
                       _fmt("work_utilization", r["ci95"]), f"{r['offered_rps']:.1f}", note)  # fmt: skip
     return table
 

@@ -38,7 +38,7 @@ class ClassicalServer:
         self.busy = False
         self.busy_since = 0.0
         self.busy_periods: list[tuple[float, float]] = []
-        self.kv_used = 0
+        self.busy_total = 0.0
 
     @property
     def n_running(self) -> int:
@@ -64,12 +64,16 @@ class ClassicalServer:
         if seq.state == WAITING:
             self.n_waiting -= 1
 
+    def busy_time(self, now: float) -> float:
+        return self.busy_total + (now - self.busy_since if self.busy else 0.0)
+
     def _next(self) -> None:
         while self.waiting and self.waiting[0].aborted:
             self.waiting.popleft()
         if not self.waiting:
             self.busy = False
             self.busy_periods.append((self.busy_since, self.env.now))
+            self.busy_total += self.env.now - self.busy_since
             return
         seq = self.waiting.popleft()
         self.n_waiting -= 1

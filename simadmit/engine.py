@@ -110,6 +110,7 @@ class Replica:
         self.busy = False
         self.busy_since = 0.0
         self.busy_periods: list[tuple[float, float]] = []
+        self.busy_total = 0.0
         self.pending_aborts: list[Seq] = []
         # the segment in progress
         self.gen = 0
@@ -339,3 +340,8 @@ class Replica:
         self.busy = False
         self.seg_k = 0
         self.busy_periods.append((self.busy_since, self.env.now))
+        self.busy_total += self.env.now - self.busy_since
+
+    def busy_time(self, now: float) -> float:
+        """Seconds spent running steps since the replica started."""
+        return self.busy_total + (now - self.busy_since if self.busy else 0.0)

@@ -1,9 +1,10 @@
 """Pool: a model's replicas behind the gateway, and the true state the gateway polls.
 
-It routes each admitted request to a replica (least predicted work, round-robin or fewest requests) or,
-with central dispatch, holds it in one FIFO queue until a replica has a free batch slot: the textbook
-single queue feeding c servers. It keeps the books the gateway polls: in-flight predicted GPU-seconds,
-queued and running requests.
+It routes each admitted request to a serving replica (least predicted work, round-robin or fewest
+requests) or, with central dispatch, holds it in one FIFO queue until a replica has a free batch slot: the
+textbook single queue feeding c servers. It keeps the books the gateway polls: in-flight predicted
+GPU-seconds, queued and running requests, available GPUs. An autoscaler may add replicas (serving only
+after their cold start) and drain them (no new work; retired once empty).
 """
 
 from __future__ import annotations
@@ -49,14 +50,20 @@ class Pool(EngineListener):
         self.routing = routing
         self.central = central
         self.gpus_per_replica = gpus_per_replica
-        if service_s is not None:
-            self.replicas: list[Replica | ClassicalServer] = [
-                ClassicalServer(env, i, service_s, self, observer) for i in range(replicas)
-            ]
-        else:
-            assert step is not None and limits is not None
-            self.replicas = [Replica(env, i, step, limits, self, observer) for i in range(replicas)]
-        self.work = [0.0] * replicas  # predicted GPU-seconds routed to each replica and not finished
+        self.step = step
+        self.limits = limits
+        self.service_s = service_s
+        self.observer = observer
+        self.replicas: list[Replica | ClassicalServer] = []
+        self.work: list[float] = []  # predicted GPU-seconds routed to each replica and not finished
+        self.serving: list[int] = []  # ready and not draining
+        self.starting = 0
+        self.draining: set[int] = set()
+        self.lifetimes: list[list[float]] = []  # per replica: [serving since, retired at (inf: never)]
+        self.replica_log: list[tuple[float, int, int, int]] = []  # (time, serving, starting, draining)
+        self.peak_in_flight_gpu_s = 0.0
+        for _ in range(replicas):
+            self._new_replica()
         self.seqs: dict[int, Seq] = {}
         self.queue: deque[int] = deque()  # central dispatch queue
         self.in_queue: set[int] = set()
@@ -68,12 +75,62 @@ class Pool(EngineListener):
 
     @property
     def available_gpus(self) -> int:
-        return len(self.replicas) * self.gpus_per_replica
+        return len(self.serving) * self.gpus_per_replica
+
+    # --- fleet -----------------------------------------------------------------------------------------
+
+    def _new_replica(self) -> int:
+        i = len(self.replicas)
+        if self.service_s is not None:
+            engine: Replica | ClassicalServer = ClassicalServer(self.env, i, self.service_s, self, self.observer)
+        else:
+            assert self.step is not None and self.limits is not None
+            engine = Replica(self.env, i, self.step, self.limits, self, self.observer)
+        self.replicas.append(engine)
+        self.work.append(0.0)
+        self.lifetimes.append([self.env.now, float("inf")])
+        self.serving.append(i)
+        self._log()
+        return i
+
+    def scale_up(self, cold_start_s: float) -> None:
+        """Start a replica; it serves once its cold start (model load, warm-up) is over."""
+        self.starting += 1
+        self._log()
+        self.env.timeout(cold_start_s).callbacks.append(lambda _e: self._ready())
+
+    def _ready(self) -> None:
+        self.starting -= 1
+        self._new_replica()
+        if self.central:
+            self._dispatch()
+
+    def scale_down(self) -> None:
+        """Drain the serving replica with the least work: no new requests; retired once empty."""
+        if len(self.serving) <= 1:
+            return
+        r = min(self.serving, key=self.work.__getitem__)
+        self.serving.remove(r)
+        self.draining.add(r)
+        self._retire_if_empty(r)
+        self._log()
+
+    def _retire_if_empty(self, r: int) -> None:
+        engine = self.replicas[r]
+        if engine.n_running + engine.n_waiting == 0:
+            self.draining.discard(r)
+            self.lifetimes[r][1] = self.env.now
+            self._log()
+
+    def _log(self) -> None:
+        self.replica_log.append((self.env.now, len(self.serving), self.starting, len(self.draining)))
 
     # --- gateway side ------------------------------------------------------------------------------
 
     def admit(self, rid: int) -> None:
         self.in_flight_gpu_s += self.estimate[rid]
+        if self.in_flight_gpu_s > self.peak_in_flight_gpu_s:
+            self.peak_in_flight_gpu_s = self.in_flight_gpu_s
         self.queued += 1
         self.ledger.admit[rid] = self.env.now
         self.ledger.pool[rid] = self.index
@@ -94,6 +151,8 @@ class Pool(EngineListener):
             r = led.replica[rid]
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
+            if r in self.draining:
+                self._retire_if_empty(r)
         if led.scheduled[rid] != led.scheduled[rid]:  # NaN: never scheduled
             self.queued -= 1
         else:
@@ -103,13 +162,14 @@ class Pool(EngineListener):
         self.on_done(rid)
 
     def _route(self) -> int:
+        serving = self.serving
         if self.routing == "round_robin":
-            self.rr = (self.rr + 1) % len(self.replicas)
-            return self.rr
+            self.rr = (self.rr + 1) % len(serving)
+            return serving[self.rr]
         if self.routing == "least_loaded":
-            loads = [r.n_running + r.n_waiting for r in self.replicas]
-            return loads.index(min(loads))
-        return self.work.index(min(self.work))
+            replicas = self.replicas
+            return min(serving, key=lambda i: replicas[i].n_running + replicas[i].n_waiting)
+        return min(serving, key=self.work.__getitem__)
 
     def _send(self, rid: int, r: int) -> None:
         self.ledger.replica[rid] = r
@@ -123,13 +183,12 @@ class Pool(EngineListener):
             if rid not in self.in_queue:
                 queue.popleft()
                 continue
-            free = [r for r in self.replicas if r.has_room()]
+            free = [i for i in self.serving if self.replicas[i].has_room()]
             if not free:
                 return
             queue.popleft()
             self.in_queue.discard(rid)
-            target = min(free, key=lambda r: self.work[r.index]).index
-            self._send(rid, target)
+            self._send(rid, min(free, key=self.work.__getitem__))
 
     # --- engine side (EngineListener) ----------------------------------------------------------------
 
@@ -153,6 +212,8 @@ class Pool(EngineListener):
         self.on_done(rid)
 
     def on_slot_free(self, replica: int) -> None:
+        if replica in self.draining:
+            self._retire_if_empty(replica)
         if self.central and self.queue:
             self._dispatch()
 

@@ -2,7 +2,8 @@
 
 `requests_frame`: one row per attempt (a retried request has several), with the request's times and final
 outcome on the row of the attempt that was admitted. `timeseries_frame`: one row per second of simulated
-time with arrivals, admits, rejects, queued and running requests, in-flight GPU-seconds and utilization.
+time with arrivals, admits, rejects, queued and running requests, in-flight GPU-seconds, utilization and
+serving replicas.
 """
 
 from __future__ import annotations
@@ -98,15 +99,26 @@ def utilization(result: RunResult, world: World, start: float, end: float, pool:
     """Fraction of replica-time in [start, end] spent running engine steps (what GPU dashboards show)."""
     if end <= start:
         return float("nan")
-    busy, replicas = 0.0, 0
+    busy, alive = 0.0, 0.0
     for p, periods in enumerate(result.busy_periods):
         if pool is not None and p != pool:
             continue
-        for per in periods:
+        for per, (born, retired) in zip(periods, result.lifetimes[p], strict=True):
             b = busy_seconds_until(per, np.array([start, end]))
             busy += float(b[1] - b[0])
-            replicas += 1
-    return busy / (replicas * (end - start))
+            alive += max(0.0, min(end, retired) - max(start, born))
+    return busy / alive if alive > 0 else float("nan")
+
+
+def serving_replicas(result: RunResult, t: np.ndarray) -> np.ndarray:
+    """Replicas serving (ready, not draining) at each time t, summed over pools."""
+    total = np.zeros(len(t))
+    for log in result.replica_log:
+        times = np.array([e[0] for e in log])
+        serving = np.array([e[1] for e in log])
+        k = np.searchsorted(times, t, side="right") - 1
+        total += np.where(k >= 0, serving[np.maximum(k, 0)], 0)
+    return total
 
 
 def timeseries_frame(result: RunResult, workload: Workload, world: World) -> pd.DataFrame:
@@ -143,12 +155,11 @@ def timeseries_frame(result: RunResult, workload: Workload, world: World) -> pd.
         np.searchsorted(fin[order_out], t, side="right")
     ]
     busy = np.zeros_like(grid)
-    replicas = 0
     for periods in result.busy_periods:
         for per in periods:
             busy += busy_seconds_until(per, grid)
-            replicas += 1
-    util = np.diff(busy) / max(replicas, 1)
+    replicas = serving_replicas(result, grid[:-1] + 0.5)
+    util = np.diff(busy) / np.maximum(replicas, 1)
     return pd.DataFrame(
         {
             "policy": result.policy,
@@ -161,5 +172,6 @@ def timeseries_frame(result: RunResult, workload: Workload, world: World) -> pd.
             "running": running,
             "in_flight_gpu_s": np.maximum(in_flight, 0.0),
             "utilization": util,
+            "replicas": replicas,
         }
     )

@@ -46,7 +46,8 @@ def summary_table(
     for _, label, _ in columns:
         table.add_column(label, justify="right")
     for policy, tiers in summary.items():
-        for i, (tier, measures) in enumerate(tiers.items()):
+        groups = [(g, m) for g, m in tiers.items() if not g.startswith("pool:")]  # pools: in summary.json
+        for i, (tier, measures) in enumerate(groups):
             style = "bold" if tier == "all" else None
             cells = (_cell(measures, k, f) for k, _, f in columns)
             table.add_row(policy if i == 0 else "", tier, *cells, style=style)

@@ -136,6 +136,30 @@ EngineSpec = Annotated[
 ]
 
 
+class AutoscalerSpec(_Model):
+    metric: Literal["gpu_utilization", "queue_wait"] = Field(
+        description="gpu_utilization: busy fraction of ready replicas over the sync period; queue_wait: "
+        "in-flight GPU-seconds per ready GPU, divided by (1 - rejection rate): demand the gateway turned away "
+        "still counts"
+    )
+    target: float = Field(gt=0, description="0.7 for gpu_utilization; seconds of in-flight work per GPU for queue_wait")
+    min_replicas: int = Field(default=1, gt=0)
+    max_replicas: int = Field(gt=0)
+    sync_period_s: float = Field(default=15.0, gt=0)
+    tolerance: float = Field(default=0.1, ge=0)
+    scale_up_stabilization_s: float = Field(default=0.0, ge=0)
+    scale_down_stabilization_s: float = Field(default=300.0, ge=0)
+    cold_start_s: DistSpec = Field(
+        default=FixedSpec(kind="fixed", value=90.0), description="time before a new replica serves"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalerSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
 class PoolSpec(_Model):
     name: str = "pool"
     profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
@@ -143,6 +167,7 @@ class PoolSpec(_Model):
     gpus_per_replica: int | None = Field(default=None, gt=0, description="defaults to the profile's")
     engine: EngineSpec = ContinuousEngineSpec()
     tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
+    autoscaler: AutoscalerSpec | None = None
 
 
 # --- gateway, clients, policies ----------------------------------------------------------------------
@@ -162,13 +187,25 @@ class GatewaySpec(_Model):
 class BackoffSpec(_Model):
     base_s: float = Field(default=1.0, gt=0)
     cap_s: float = Field(default=30.0, gt=0)
-    jitter: Literal["none", "full"] = "full"
+    jitter: Literal["none", "full", "equal", "decorrelated"] = Field(
+        default="full",
+        description="none: the exponential span itself; full: U(0, span); equal: span/2 + U(0, span/2); "
+        "decorrelated: min(cap, U(base, 3 x previous wait))",
+    )
+
+
+class RetryBudgetSpec(_Model):
+    ratio: float = Field(gt=0, description="retries allowed per first attempt (0.2 = at most 20% extra load)")
+    burst: float = Field(default=10.0, ge=1, description="most retries saved up at once")
 
 
 class ClientSpec(_Model):
     max_retries: int = Field(default=3, ge=0, description="retries after a 429 (0 = never retry)")
     honor_retry_after: bool = True
     backoff: BackoffSpec = BackoffSpec()
+    retry_budget: RetryBudgetSpec | None = Field(
+        default=None, description="client-side budget: each first attempt earns `ratio` retries, up to `burst`"
+    )
     abandon_after_s: float | None = Field(
         default=None, gt=0, description="give up (and abort) without a first token this long after arriving"
     )

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from simadmit.client import backoff_delay
+from simadmit.autoscaler import HorizontalAutoscaler
+from simadmit.client import RetryBudget, backoff_delay
 from simadmit.engine import StepObserver
 from simadmit.ledger import ABANDONED, IN_FLIGHT, PENDING, REJECTED, TOO_LONG, Ledger
 from simadmit.policies import AdmissionPolicy, PoolView, Request
@@ -33,6 +34,9 @@ class RunResult:
     ledger: Ledger
     estimates: list[np.ndarray]  # per pool: predicted GPU-seconds of every request
     busy_periods: list[list[list[tuple[float, float]]]]  # pool -> replica -> (start, end)
+    lifetimes: list[list[list[float]]]  # pool -> replica -> [serving since, retired at]
+    replica_log: list[list[tuple[float, int, int, int]]]  # pool -> (time, serving, starting, draining)
+    peak_in_flight_gpu_s: list[float]  # per pool: the most work ever in flight
     end_s: float
     events: int
 
@@ -102,11 +106,16 @@ class Simulation:
             )  # fmt: skip
         self.est = [e.tolist() for e in self.estimates]
         self.max_tokens = [cfg.max_request_tokens for cfg in world.pools]
+        self.pool_attempts = [0] * len(self.pools)
+        self.pool_rejects = [0] * len(self.pools)
         g = world.gateway
         self.views = [[PoolView() for _ in self.pools] for _ in range(g.replicas)]
         self.live = g.poll_interval_s == 0
         self.next_gateway = 0
         self.jitter = np.random.default_rng([seed, 3])
+        self.last_wait: dict[int, float] = {}  # backoff part of each retrying request's last wait
+        c = world.clients
+        self.budget = RetryBudget(c.retry_budget_ratio, c.retry_budget_burst) if c.retry_budget_ratio else None
         self.outstanding = n
         self.next_arrival = 0
         self.progress = progress
@@ -121,6 +130,13 @@ class Simulation:
             if not self.live:
                 offset = self.world.gateway.poll_interval_s * gw / len(self.views)
                 env.timeout(offset).callbacks.append(lambda _e, gw=gw: self._poll_loop(gw))
+        for p, cfg in enumerate(self.world.pools):
+            if cfg.autoscaler is not None:
+                scaler = HorizontalAutoscaler(cfg.autoscaler)
+                rng = np.random.default_rng([self.seed, 5, p])
+                env.timeout(cfg.autoscaler.sync_period_s).callbacks.append(
+                    lambda _e, p=p, scaler=scaler, rng=rng: self._autoscale(p, scaler, rng, (0.0, 0, 0))
+                )
         if self.n:
             env.timeout(self.arrival[0]).callbacks.append(self._arrive)
         while True:
@@ -141,7 +157,13 @@ class Simulation:
                     r.busy_periods.append((r.busy_since, env.now))
                 periods.append(r.busy_periods)
             busy.append(periods)
-        return RunResult(policy_name, self.seed, led, self.estimates, busy, env.now, self.events)
+        return RunResult(
+            policy_name, self.seed, led, self.estimates, busy,
+            [[[a, min(b, env.now)] for a, b in pool.lifetimes] for pool in self.pools],
+            [pool.replica_log for pool in self.pools],
+            [pool.peak_in_flight_gpu_s for pool in self.pools],
+            env.now, self.events,
+        )  # fmt: skip
 
     def _arrive(self, _ev: simpy.Event) -> None:
         i = self.next_arrival
@@ -162,6 +184,8 @@ class Simulation:
         now = self.env.now
         tries = led.attempts[rid] + 1
         led.attempts[rid] = tries
+        if tries == 1 and self.budget is not None:
+            self.budget.deposit()
         g = self.next_gateway
         self.next_gateway = (g + 1) % len(self.views)
         p = self.pool_of_tier[self.tier[rid]]
@@ -174,6 +198,7 @@ class Simulation:
             led.outcome[rid] = TOO_LONG
             self._done(rid)
             return
+        self.pool_attempts[p] += 1
         view = self.views[g][p]
         if self.live:
             self._refresh(view, self.pools[p], now)
@@ -181,6 +206,8 @@ class Simulation:
         admit, reason, retry_after = self.policy.decide(self.requests[rid], est, view, now)
         led.att_reason.append(reason)
         led.att_retry_after.append(retry_after)
+        if not admit:
+            self.pool_rejects[p] += 1
         if admit:
             view.in_flight_gpu_s += est  # this gateway counts its own admits until the next poll
             view.queued += 1
@@ -191,11 +218,14 @@ class Simulation:
             led.outcome[rid] = REJECTED
             self._done(rid)
             return
-        delay = backoff_delay(tries, retry_after, cfg, float(self.jitter.random()))
-        if now + delay > self.deadline[rid]:  # the answer would come too late to matter
+        previous = self.last_wait.get(rid, 0.0)
+        delay = backoff_delay(tries, retry_after, previous, cfg, float(self.jitter.random()))
+        if now + delay > self.deadline[rid] or (self.budget is not None and not self.budget.withdraw()):
+            # the answer would come too late to matter, or the client has spent its retry budget
             led.outcome[rid] = REJECTED
             self._done(rid)
             return
+        self.last_wait[rid] = delay - (retry_after if cfg.honor_retry_after else 0.0)
         self.env.timeout(delay).callbacks.append(lambda _e: self._attempt(rid))
 
     def _abandon(self, rid: int) -> None:
@@ -212,6 +242,36 @@ class Simulation:
 
     def _done(self, rid: int) -> None:
         self.outstanding -= 1
+        self.last_wait.pop(rid, None)
+
+    # --- autoscaling ------------------------------------------------------------------------------------
+
+    def _autoscale(
+        self, p: int, scaler: HorizontalAutoscaler, rng: np.random.Generator, last: tuple[float, int, int]
+    ) -> None:
+        """One HPA sync: measure the pool over the last period, ask for a replica count, act on it."""
+        pool, cfg = self.pools[p], self.world.pools[p]
+        now = self.env.now
+        busy = sum(pool.replicas[i].busy_time(now) for i in pool.serving)
+        attempts, rejects = self.pool_attempts[p], self.pool_rejects[p]
+        period = scaler.cfg.sync_period_s
+        if scaler.cfg.metric == "gpu_utilization":
+            metric = (busy - last[0]) / (period * len(pool.serving)) if pool.serving else 0.0
+        else:
+            tried = attempts - last[1]
+            refused = (rejects - last[2]) / tried if tried else 0.0
+            metric = pool.in_flight_gpu_s / max(pool.available_gpus, 1) / max(1.0 - refused, 0.05)
+        current = len(pool.serving) + pool.starting
+        desired = scaler.recommend(now, current, metric)
+        for _ in range(desired - current):
+            assert cfg.cold_start is not None
+            pool.scale_up(float(cfg.cold_start.sample(rng, 1)[0]))
+        for _ in range(current - desired):
+            pool.scale_down()
+        if self.next_arrival < self.n or self.outstanding > 0:
+            # the busy time of the replicas serving from now on is the baseline of the next period
+            base = (sum(pool.replicas[i].busy_time(now) for i in pool.serving), attempts, rejects)
+            self.env.timeout(period).callbacks.append(lambda _e: self._autoscale(p, scaler, rng, base))
 
     # --- gateway polling -------------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ def tier_measures(
     counts = {name: int((outcome == name).sum()) for name in ("completed", "rejected", "abandoned", "aborted",
                                                                  "in_flight", "too_long")}  # fmt: skip
     admitted = int(req["admit_s"].notna().sum())
+    attempts = int(req["attempts"].sum())
     return {
         "requests": n,
         "attempts": int(req["attempts"].sum()),
@@ -69,6 +70,10 @@ def tier_measures(
         "work_utilization": float(done_in_window["true_cost_gpu_s"].sum()) / (gpus * window_s),
         "goodput_rps": good / window_s,
         "slo_attainment": good / n if n else math.nan,
+        "offered_rps": n / window_s,
+        "carried_rps": attempts / window_s,
+        "admitted_rps": admitted / window_s,
+        "retries_per_request": (attempts - n) / n if n else math.nan,
         "throughput_rps": len(done_in_window) / window_s,
         "output_tokens_per_s": float(done_in_window["output_tokens"].sum()) / window_s,
     }
@@ -109,6 +114,17 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
     true = float(req["true_cost_gpu_s"].sum())
     everything["estimate_over_true_cost"] = float(req["estimate_gpu_s"].sum()) / true if true > 0 else math.nan
     out["all"] = everything
+    for p, cfg in enumerate(world.pools):
+        log = result.replica_log[p]
+        times = np.array([e[0] for e in log] + [result.end_s])
+        serving = np.array([e[1] for e in log], dtype=float)
+        spans = np.clip(times[1:], start, end) - np.clip(times[:-1], start, end)
+        out[f"pool:{cfg.name}"] = {
+            "utilization": utilization(result, world, start, end, p),
+            "peak_in_flight_gpu_s": result.peak_in_flight_gpu_s[p],
+            "replicas_mean": float((serving * spans).sum() / window),
+            "replicas_max": float(serving.max()),
+        }
     return out
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simadmit import policies
+from simadmit.autoscaler import AutoscalerConfig
 from simadmit.distributions import Distribution
 from simadmit.engine import BatchLimits
 from simadmit.estimator import CostEstimator
@@ -19,6 +20,7 @@ from simadmit.scenario import (
     ClassicalEngineSpec,
     GpuSecondsSpec,
     PolicySpec,
+    PoolSpec,
     QueueDepthSpec,
     ScenarioSpec,
     policy_name,
@@ -36,6 +38,8 @@ class PoolConfig:
     limits: BatchLimits
     max_request_tokens: int  # longer prompt + max_tokens gets a 400, as vLLM answers
     service: Distribution | None = None  # set: a classical server with this service time
+    autoscaler: AutoscalerConfig | None = None
+    cold_start: Distribution | None = None
 
     @property
     def estimator(self) -> CostEstimator:
@@ -58,6 +62,8 @@ class ClientConfig:
     backoff_cap_s: float
     jitter: str
     abandon_after_s: float | None
+    retry_budget_ratio: float | None = None
+    retry_budget_burst: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,16 @@ def build_policy(spec: PolicySpec) -> policies.AdmissionPolicy:
 
 def build_policies(spec: ScenarioSpec) -> dict[str, policies.AdmissionPolicy]:
     return {policy_name(p): build_policy(p) for p in spec.policies}
+
+
+def _autoscaler(pool: PoolSpec) -> AutoscalerConfig | None:
+    a = pool.autoscaler
+    if a is None:
+        return None
+    return AutoscalerConfig(
+        a.metric, a.target, a.min_replicas, a.max_replicas, a.sync_period_s, a.tolerance,
+        a.scale_up_stabilization_s, a.scale_down_stabilization_s,
+    )  # fmt: skip
 
 
 def build_world(spec: ScenarioSpec, base: Path) -> World:
@@ -114,6 +130,8 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
                 limits=limits,
                 max_request_tokens=min(profile.engine.max_model_len, limits.kv_capacity_tokens),
                 service=service,
+                autoscaler=_autoscaler(p),
+                cold_start=distribution(p.autoscaler.cold_start_s) if p.autoscaler else None,
             )
         )
     g, c = spec.gateway, spec.clients

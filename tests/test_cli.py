@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -35,7 +36,8 @@ def test_simulate_writes_tables_and_prints_the_summary(tmp_path: Path) -> None:
     assert "gpu_seconds" in result.output and "TTFT p50" in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"unconditional", "queue_depth", "gpu_seconds"}
-    assert set(summary["gpu_seconds"]) == {"interactive", "batch", "all"}
+    assert set(summary["gpu_seconds"]) == {"interactive", "batch", "all", "pool:llama-8b"}
+    assert summary["gpu_seconds"]["pool:llama-8b"]["replicas_mean"] == pytest.approx(4)
     requests = pd.read_parquet(out / "requests.parquet")
     for column in ("request_id", "tier", "policy", "arrival_s", "decision", "reason", "first_token_s", "finish_s",
                    "prompt_tokens", "output_tokens", "outcome"):  # fmt: skip

@@ -1,0 +1,124 @@
+"""Optimize: the SLO grammar, utilization targets, and a search whose answer queueing theory knows."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simadmit.cli import app
+from simadmit.errors import InputError
+from simadmit.optimize import SearchConfig, optimize, parse_dimension, parse_slo, utilization_targets
+from tests.helpers import PROFILE
+from tests.queueing import mmc_mean_wait
+
+runner = CliRunner()
+LAMBDA, MU = 4.0, 1.0  # arrivals/s at the scenario's traffic; services/s per server
+WORST = 2.0  # the SLO must hold at 1x, 1.5x and 2x traffic: 2x binds
+
+
+def mmc_scenario(tmp_path: Path, duration_s: float = 1500) -> Path:
+    """M/M/c: Poisson arrivals, exponential service, one central FIFO queue, live state, no admission."""
+    doc = {
+        "name": "mmc",
+        "workload": {
+            "seed": 11, "rate_rps": LAMBDA, "duration_s": duration_s, "warmup_s": 100,
+            "tiers": [{"name": "only", "share": 1, "prompt_tokens": {"kind": "fixed", "value": 10},
+                       "output_tokens": {"kind": "fixed", "value": 1}, "max_tokens": 1}],
+        },
+        "pools": [{"profile": PROFILE, "replicas": 4,
+                   "engine": {"kind": "classical", "service_time": {"kind": "exponential", "mean": 1 / MU}}}],
+        "gateway": {"replicas": 1, "poll_interval_s": 0, "dispatch": "central"},
+        "clients": {"max_retries": 0},
+        "policies": [{"kind": "unconditional"}],
+    }  # fmt: skip
+    path = tmp_path / "mmc.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_slo_grammar() -> None:
+    """Aliases, units and both directions; unknown measures and bad syntax are errors."""
+    s = parse_slo("interactive.ttft_p99<=3s")
+    assert (s.tier, s.measure, s.upper, s.limit) == ("interactive", "ttft_p99_s", True, 3.0)
+    assert parse_slo("interactive.rejection<=2%").limit == pytest.approx(0.02)
+    assert parse_slo("all.queue_wait_mean_s<=500ms").limit == pytest.approx(0.5)
+    g = parse_slo("all.goodput>=10")
+    assert (g.measure, g.upper, g.margin(12.0), g.margin(8.0)) == ("goodput_rps", False, 2.0, -2.0)
+    assert s.violation(2.0) == 0 and s.violation(6.0) == pytest.approx(1.0)
+    for bad in ("interactive.ttft_p99", "interactive.latency<=3s", "ttft_p99<=3s"):
+        with pytest.raises(InputError):
+            parse_slo(bad)
+
+
+def test_finds_the_erlang_c_replica_count(tmp_path: Path) -> None:
+    """With an SLO on mean queue wait and a per-GPU objective, the answer is the fewest servers whose
+    M/M/c mean wait at the worst traffic (2x) meets the SLO; the limit sits between c*-1 and c*."""
+    lam = LAMBDA * WORST
+    waits = {c: mmc_mean_wait(lam, MU, c) if c * MU > lam else math.inf for c in range(1, 17)}
+    answer = 11
+    assert waits[answer - 1] > 2 * waits[answer]  # the two candidates are far apart
+    limit = math.sqrt(waits[answer - 1] * waits[answer])
+    slo = parse_slo(f"all.queue_wait_mean_s<={limit:.4f}s")
+    assert min(c for c, w in waits.items() if w <= slo.limit) == answer
+    (result,) = optimize(
+        mmc_scenario(tmp_path),
+        [slo],
+        "goodput_per_gpu",
+        SearchConfig(jobs=2),
+        [parse_dimension("pools.0.replicas=1:16")],
+    )
+    assert result.best.feasible
+    assert dict(result.best.setting) == {"pools.0.replicas": answer}
+    assert result.best.gpus == answer
+    margin = result.best.margins[slo.text]
+    assert 0 < margin < limit
+    assert result.simulations < 16 * 3  # fewer than trying every replica count at every load
+    assert result.unconditional_throughput_rps == pytest.approx(LAMBDA, rel=0.05)
+
+
+def test_optimize_command_and_its_errors(tmp_path: Path) -> None:
+    """The command prints the settings, the margin on each SLO, the throughput cost and the count."""
+    scenario = mmc_scenario(tmp_path, duration_s=300)
+    args = ["optimize", str(scenario), "--slo", "all.queue_wait_mean<=1s", "--objective", "goodput_per_gpu",
+            "--search", "pools.0.replicas=6:12", "--rounds", "1", "--jobs", "1"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "pools.0.replicas = " in result.output
+    assert "all.queue_wait_mean<=1s: margin" in result.output
+    assert "vs unconditional" in result.output and "simulations" in result.output
+    bad = runner.invoke(app, ["optimize", str(scenario), "--slo", "gold.ttft_p99<=3s", "--slo", "only.speed<=1",
+                              "--search", "pools.0.replicass=1:4"])  # fmt: skip
+    assert bad.exit_code == 2
+    assert "unknown measure 'speed'" in bad.output
+    bad = runner.invoke(
+        app, ["optimize", str(scenario), "--slo", "gold.ttft_p99<=3s", "--search", "pools.0.replicass=1:4"]
+    )
+    assert bad.exit_code == 2
+    assert "unknown tier 'gold'" in bad.output and "replicass" in bad.output
+
+
+def test_utilization_target_is_interpolated_to_the_sla_crossing() -> None:
+    """p99 leaves the 3 s SLA halfway between the points at 50% and 70% utilization: the target is 60%.
+    A policy that never leaves it reports the highest utilization seen."""
+    rows = []
+    for point, (util, p99, flat_p99) in enumerate([(0.3, 1.0, 1.0), (0.5, 2.0, 1.5), (0.7, 4.0, 2.0)]):
+        for policy, latency in (("unconditional", p99), ("gpu_seconds", flat_p99)):
+            for tier in ("interactive", "all"):
+                rows.append({"point": point, "workload.rate_multiplier": point + 1, "policy": policy, "tier": tier,
+                             "offered_rps": 10.0 * (point + 1), "ttft_p99_s": latency, "e2e_p99_s": latency,
+                             "work_utilization": util, "work_utilization_ci95": 0.02})  # fmt: skip
+    targets = utilization_targets(
+        pd.DataFrame(rows), {"interactive": {"ttft_s": 3.0, "e2e_s": 10.0}}, "interactive"
+    )
+    t = targets.set_index("policy")
+    assert t.loc["unconditional", "utilization_target"] == pytest.approx(0.6)
+    assert t.loc["unconditional", "offered_rps"] == pytest.approx(25.0)
+    assert t.loc["unconditional", "sla_left"]
+    assert t.loc["gpu_seconds", "utilization_target"] == pytest.approx(0.7)
+    assert not t.loc["gpu_seconds", "sla_left"]
+    assert targets["ci95"].tolist() == pytest.approx([0.02, 0.02])

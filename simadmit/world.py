@@ -139,7 +139,14 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
         pools=tuple(pools),
         gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch),
         clients=ClientConfig(
-            c.max_retries, c.honor_retry_after, c.backoff.base_s, c.backoff.cap_s, c.backoff.jitter, c.abandon_after_s
+            c.max_retries,
+            c.honor_retry_after,
+            c.backoff.base_s,
+            c.backoff.cap_s,
+            c.backoff.jitter,
+            c.abandon_after_s,
+            c.retry_budget.ratio if c.retry_budget else None,
+            c.retry_budget.burst if c.retry_budget else 10.0,
         ),
         tier_names=tier_names,
         tier_ttft_slo=tuple(t.slo.ttft_s for t in spec.workload.tiers),

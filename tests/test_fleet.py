@@ -1,0 +1,148 @@
+"""Fleet dynamics: the HPA algorithm, cold starts, client backoff, retry budgets, stale gateway views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simadmit.autoscaler import AutoscalerConfig, HorizontalAutoscaler
+from simadmit.client import RetryBudget, backoff_delay
+from simadmit.resources import default_scenario
+from simadmit.runner import run_scenario
+from simadmit.scenario import load_scenario
+from simadmit.simulation import Simulation
+from simadmit.workload import generate
+from simadmit.world import ClientConfig, build_policies, build_world
+
+
+def hpa(**kw) -> HorizontalAutoscaler:
+    cfg = {"metric": "gpu_utilization", "target": 0.5, "min_replicas": 1, "max_replicas": 20, **kw}
+    return HorizontalAutoscaler(AutoscalerConfig(**cfg))
+
+
+def test_hpa_formula_from_the_kubernetes_docs() -> None:
+    """desiredReplicas = ceil(currentReplicas * currentMetricValue / desiredMetricValue)."""
+    assert hpa().recommend(0, 1, 1.0) == 2  # 200m used, 100m wanted: double
+    assert hpa().recommend(0, 4, 0.25) == 2  # half the target: halve (no window history yet)
+    assert hpa().recommend(0, 3, 0.8) == 5  # ceil(3 * 1.6) = 5
+
+
+def test_hpa_tolerance_skips_small_changes() -> None:
+    """Within 10% of the target the HPA does nothing."""
+    assert hpa().recommend(0, 10, 0.54) == 10
+    assert hpa().recommend(0, 10, 0.46) == 10
+    assert hpa().recommend(0, 10, 0.56) == 12
+
+
+def test_hpa_scale_down_stabilization_keeps_the_highest_recent_recommendation() -> None:
+    """Scale-down uses the highest recommendation of the last 300 s; scale-up acts at once."""
+    scaler = hpa(scale_down_stabilization_s=300)
+    assert scaler.recommend(0, 4, 1.0) == 8  # scale up immediately
+    assert scaler.recommend(15, 8, 0.1) == 8  # wants 2, but 8 was recommended 15 s ago
+    assert scaler.recommend(200, 8, 0.1) == 8
+    assert scaler.recommend(301, 8, 0.1) == 2  # the high recommendation left the window
+
+
+def test_hpa_clamps_to_min_and_max() -> None:
+    assert hpa(max_replicas=6).recommend(0, 4, 2.0) == 6
+    assert hpa(min_replicas=3, scale_down_stabilization_s=0).recommend(0, 4, 0.01) == 3
+
+
+def _cfg(jitter: str, honor: bool = True) -> ClientConfig:
+    return ClientConfig(5, honor, 1.0, 30.0, jitter, None)
+
+
+def test_backoff_kinds_stay_within_their_bounds() -> None:
+    rng = np.random.default_rng(0)
+    for retry in range(1, 8):
+        span = min(30.0, 2.0 ** (retry - 1))
+        for u in rng.random(50):
+            assert backoff_delay(retry, 3.0, 0.0, _cfg("none"), u) == pytest.approx(3.0 + span)
+            assert 3.0 <= backoff_delay(retry, 3.0, 0.0, _cfg("full"), u) <= 3.0 + span
+            assert 3.0 + span / 2 <= backoff_delay(retry, 3.0, 0.0, _cfg("equal"), u) <= 3.0 + span
+            d = backoff_delay(retry, 0.0, 4.0, _cfg("decorrelated", honor=False), u)
+            assert 1.0 <= d <= 12.0
+    assert backoff_delay(1, 7.0, 0.0, _cfg("none", honor=False), 0.5) == 1.0
+
+
+def test_retry_budget_caps_retries_at_a_share_of_first_attempts() -> None:
+    budget = RetryBudget(ratio=0.2, burst=1.0)
+    budget.tokens = 0.0
+    granted = 0
+    for _ in range(1000):
+        budget.deposit()
+        granted += budget.withdraw() + budget.withdraw()  # each request wants two retries
+    assert granted == 200
+
+
+def _scenario(**overrides):
+    spec, base = load_scenario(default_scenario(), overrides)
+    return spec, build_world(spec, base)
+
+
+def test_retries_respect_the_budget_in_a_storm() -> None:
+    """At 3x overload with eager clients, a 10% retry budget holds carried load near 1.1x offered."""
+    spec, world = _scenario(**{
+        "workload.duration_s": 30,
+        "clients.max_retries": 5,
+        "clients.retry_budget": {"ratio": 0.1, "burst": 5},
+        "policies": [{"kind": "queue_depth", "max_queued": 16}],
+    })  # fmt: skip
+    s = run_scenario(spec, world).summary["queue_depth"]["all"]
+    assert s["retries_per_request"] <= 0.1 + 5 / s["requests"]
+    spec, world = _scenario(**{
+        "workload.duration_s": 30, "clients.max_retries": 5, "policies": [{"kind": "queue_depth", "max_queued": 16}]
+    })  # fmt: skip
+    assert run_scenario(spec, world).summary["queue_depth"]["all"]["retries_per_request"] > 1.0
+
+
+def test_a_new_replica_serves_nothing_before_its_cold_start_ends() -> None:
+    spec, world = _scenario(**{
+        "workload.duration_s": 300,
+        "workload.rate_multiplier": 0.5,
+        "pools.0.replicas": 1,
+        "pools.0.autoscaler": {"metric": "queue_wait", "target": 1.0, "max_replicas": 6, "sync_period_s": 15,
+                               "cold_start_s": {"kind": "fixed", "value": 90}},
+        "policies": [{"kind": "unconditional"}],
+    })  # fmt: skip
+    workload = generate(spec.workload)
+    policy = build_policies(spec)["unconditional"]
+    sim = Simulation(world, workload, policy, spec.workload.seed)
+    result = sim.run("unconditional")
+    log = result.replica_log[0]
+    decided = [t for (t, _s, starting, _d), prev in zip(log[1:], log, strict=False) if starting > prev[2]]
+    born = [a for a, _b in result.lifetimes[0][1:]]
+    assert len(born) >= 2, "the autoscaler should have added replicas under this load"
+    # each new replica became ready exactly 90 s after a scale-up decision
+    for ready in born:
+        assert any(ready == pytest.approx(t + 90) for t in decided)
+    led = result.ledger
+    scheduled = np.asarray(led.scheduled)
+    replica = np.asarray(led.replica)
+    for r, (ready, _retired) in enumerate(result.lifetimes[0]):
+        mine = scheduled[replica == r]
+        assert np.all(mine[~np.isnan(mine)] >= ready)
+        assert len(mine) > 0
+
+
+def _overshoot(gateways: int, headroom: float) -> float:
+    spec, world = _scenario(**{
+        "gateway.replicas": gateways,
+        "gateway.poll_interval_s": 1.0,
+        "workload.duration_s": 60,
+        "clients.max_retries": 0,
+        "policies": [{"kind": "gpu_seconds", "budgets_s": {"interactive": 1e3, "batch": 1e3}, "headroom": headroom,
+                      "max_pool_gpu_seconds": 12}],
+    })  # fmt: skip
+    peak = run_scenario(spec, world).summary["gpu_seconds"]["pool:llama-8b"]["peak_in_flight_gpu_s"]
+    return peak / 12 - 1
+
+
+def test_stale_views_overshoot_the_pool_budget_more_with_more_gateways_and_headroom_absorbs_it() -> None:
+    """One gateway counting its own admits never overshoots; N gateways each admit up to the limit on a
+    view up to a poll interval old, so the pool overshoots more as N grows, and less with headroom."""
+    full = [_overshoot(n, 1.0) for n in (1, 2, 4)]
+    assert full[0] <= 1e-9
+    assert full[0] < full[1] < full[2]
+    tight = [_overshoot(n, 0.7) for n in (2, 4)]
+    assert tight[0] < full[1] and tight[1] < full[2]

@@ -40,6 +40,11 @@ def test_connection_refused_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_unknown_host_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = calibrate("--endpoint", "http://no-such-host.invalid:8000", "--out", str(tmp_path / "p.yaml"))
+    assert_one_line_error(result, "unknown host")
+
+
 @pytest.mark.parametrize("url", ["localhost:8000", "ftp://host/x", "http://"])
 def test_bad_url_is_one_line_and_exit_2(tmp_path: Path, url: str) -> None:
     assert_one_line_error(calibrate("--endpoint", url, "--out", str(tmp_path / "p.yaml")), "--endpoint")
@@ -57,7 +62,7 @@ def test_launch_without_vllm_fails_fast_with_the_servers_last_words(tmp_path: Pa
         "--launch", "some/model", "--vllm-python", sys.executable, "--out", str(tmp_path / "p.yaml"),
         "--", "--dtype", "bfloat16",
     )  # fmt: skip
-    assert_one_line_error(result, "vLLM exited", "No module named vllm")
+    assert_one_line_error(result, "vLLM exited", "No module named 'vllm'")
 
 
 def test_vllm_args_need_launch(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -72,9 +73,20 @@ def normalize_base_url(url: str) -> str:
 
 
 def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
-    cause = "connection refused" if isinstance(error, httpx.ConnectError) else type(error).__name__
-    if isinstance(error, httpx.ConnectError) and "refused" not in str(error).lower():
-        cause = f"cannot connect ({error})"
+    """Name the cause a user can act on: refused (nothing listens), unknown host, or time-out."""
+    causes = []
+    e: BaseException | None = error
+    while e is not None:
+        causes.append(e)
+        e = e.__cause__ or e.__context__
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        cause = "connection refused (is the server running on that port?)"
+    elif any(isinstance(c, socket.gaierror) for c in causes):
+        cause = "unknown host"
+    elif isinstance(error, httpx.TimeoutException):
+        cause = "no answer (timed out)"
+    else:
+        cause = f"cannot connect ({error or type(error).__name__})"
     return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
 
 

@@ -47,7 +47,8 @@ ALIASES = {
 MEASURES = (
     "requests", "rejection_rate", "attempt_rejection_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
     "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "queue_wait_mean_s", "queue_wait_p99_s", "utilization",
-    "work_utilization", "goodput_rps", "slo_attainment", "throughput_rps", "output_tokens_per_s",
+    "work_utilization", "goodput_rps", "slo_attainment", "offered_rps", "carried_rps", "admitted_rps",
+    "retries_per_request", "throughput_rps", "output_tokens_per_s",
 )  # fmt: skip
 OBJECTIVES = {  # name -> (measure of "all", +1 maximise / -1 minimise, divided by GPUs)
     "goodput": ("goodput_rps", 1, False),
@@ -362,7 +363,7 @@ def utilization_targets(
     """Per policy (and per value of any other swept setting): the highest GPU utilization at which `tier`'s
     p99 TTFT and p99 E2E stay within its SLA, interpolated to the crossing, with its 95% half-width.
 
-    Points are taken in order of offered load; the target is the utilization where the p99 first leaves
+    Points are taken in order of arrival rate; the target is the utilization where the p99 first leaves
     the SLA (linear between the last point inside and the first outside), or the highest utilization seen
     when it never leaves (`sla_left` False). GPU utilization is the pool's work utilization ("all" rows).
     """
@@ -378,11 +379,11 @@ def utilization_targets(
         out = np.flatnonzero(~inside)
         row: dict[str, object] = {"policy": policy, **settings}
         if len(out) and out[0] == 0:
-            row.update(utilization_target=math.nan, ci95=math.nan, offered_rps=math.nan, sla_left=True)
+            row.update(utilization_target=math.nan, ci95=math.nan, arrival_rate_rps=math.nan, sla_left=True)
         elif len(out):
             j = out[0]
             f = (1 - excess[j - 1]) / (excess[j] - excess[j - 1])
-            load = group["offered_rps"].to_numpy()
+            load = group["arrival_rate_rps"].to_numpy()
             best = int(np.argmax(u[:j]))
             if u[best] >= u[j - 1] + f * (u[j] - u[j - 1]):  # utilization fell before the p99 left the SLA
                 j, f = best + 1, 0.0
@@ -391,10 +392,10 @@ def utilization_targets(
             def at(x: np.ndarray, j: int = j, k: int = k, f: float = f) -> float:
                 return float(x[j - 1] + f * (x[k] - x[j - 1]))
 
-            row.update(utilization_target=at(u), ci95=at(u_ci), offered_rps=at(load), sla_left=True)
+            row.update(utilization_target=at(u), ci95=at(u_ci), arrival_rate_rps=at(load), sla_left=True)
         else:
             best = int(np.argmax(u))
             row.update(utilization_target=float(u[best]), ci95=float(u_ci[best]),
-                       offered_rps=float(group["offered_rps"].iloc[best]), sla_left=False)  # fmt: skip
+                       arrival_rate_rps=float(group["arrival_rate_rps"].iloc[best]), sla_left=False)  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)

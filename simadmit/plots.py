@@ -86,7 +86,7 @@ def _vs_load(table: pd.DataFrame, tier: str, measure: str, scale: float, ylabel:
     ax = fig.subplots()
     for i, (label, policy, rows) in enumerate(_series(table[table["tier"] == tier])):
         err = _ci(rows, measure)
-        _curve(ax, rows["offered_rps"].to_numpy(dtype=float), scale * rows[measure].to_numpy(dtype=float),
+        _curve(ax, rows["arrival_rate_rps"].to_numpy(dtype=float), scale * rows[measure].to_numpy(dtype=float),
                None if err is None else scale * err, label, _color(policy, i))  # fmt: skip
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel(ylabel)
@@ -108,7 +108,7 @@ def goodput_vs_load(table: pd.DataFrame, tier: str) -> Figure:
         table, tier, "goodput_rps", 1.0, "goodput (requests/s within SLA)", f"{tier}: goodput vs load"
     )
     ax = fig.axes[0]
-    top = float(table.loc[table["tier"] == tier, "offered_rps"].max())
+    top = float(table.loc[table["tier"] == tier, "arrival_rate_rps"].max())
     ax.plot([0, top], [0, top], color="gray", linestyle=":", linewidth=1, label="offered load")
     ax.legend(fontsize=8)
     return fig
@@ -177,7 +177,8 @@ def plot_directory(directory: Path, slo: dict[str, dict[str, float]] | None = No
         table = pd.read_parquet(directory / "sweep.parquet")
         meta = directory / "sweep.json"
         slo = slo or (json.loads(meta.read_text())["tier_slo"] if meta.is_file() else {})
-        for tier in [t for t in pd.unique(table["tier"]) if t != "all"] + ["all"]:
+        tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
+        for tier in [t for t in tiers if t != "all"] + ["all"]:
             written += _save(
                 latency_vs_utilization(table, tier, slo.get(tier)), directory, f"p99_vs_utilization_{tier}"
             )

@@ -10,7 +10,9 @@ parameters and the seed. Running the same sweep again skips saved units, so an i
 where it stopped, and raising `--replications` reuses the seeds already run.
 
 The result is one tidy table, one row per point x policy x tier, with every summary measure, its 95%
-confidence half-width across replications (`<measure>_ci95`) and the offered load (`offered_rps`).
+confidence half-width across replications (`<measure>_ci95`) and the scenario's nominal arrival rate for
+the group (`arrival_rate_rps`: noise-free, so it orders points along the load axis). Groups of the summary
+that are not tiers (per-pool figures) get their own rows, with NaN for the measures they lack.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -156,7 +159,7 @@ def plan_sweep(
     return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo)
 
 
-def offered_rps(spec: ScenarioSpec) -> dict[str, float]:
+def arrival_rates(spec: ScenarioSpec) -> dict[str, float]:
     """Mean arrival rate of first attempts, per tier and for "all"."""
     rate = spec.workload.rate_rps * spec.workload.rate_multiplier
     total = sum(t.share for t in spec.workload.tiers)
@@ -171,7 +174,7 @@ def run_unit(document: dict[str, object], source: str, overrides: dict[str, obje
     return {
         "overrides": overrides,
         "seed": seed,
-        "offered_rps": offered_rps(spec),
+        "arrival_rate_rps": arrival_rates(spec),
         "summary": {policy: runs[0] for policy, runs in result.runs.items()},
     }
 
@@ -269,7 +272,7 @@ def assemble(plan: SweepPlan, store: PointStore) -> pd.DataFrame:
                         "tier": tier,
                         "seed": plan.seeds[i][0],
                         "replications": len(records),
-                        "offered_rps": records[0]["offered_rps"][tier],
+                        "arrival_rate_rps": records[0]["arrival_rate_rps"].get(tier, math.nan),
                         **measures,
                     }
                 )
@@ -293,7 +296,7 @@ LOAD_AXES = ("workload.rate_multiplier", "workload.rate_rps")
 
 
 def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFrame]]:
-    """Split a sweep table into curves along the load axis: (policy, settings, rows), rows by offered load.
+    """Split a sweep table into curves along the load axis: (policy, settings, rows), rows by arrival rate.
 
     A curve is one policy at one value of every other swept setting that concerns it. A swept
     `policies.<name>.*` field only splits the curves of that policy: the other policies' rows for its
@@ -308,11 +311,11 @@ def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFra
                 rows = rows[rows[p] == rows[p].iloc[0]]
         varying = [p for p in mine if rows[p].nunique() > 1]
         if not varying:
-            out.append((str(policy), {}, rows.sort_values("offered_rps")))
+            out.append((str(policy), {}, rows.sort_values("arrival_rate_rps")))
             continue
         for key, part in rows.groupby(varying, sort=True):
             values = key if isinstance(key, tuple) else (key,)
             out.append(
-                (str(policy), dict(zip(varying, values, strict=True)), part.sort_values("offered_rps"))
+                (str(policy), dict(zip(varying, values, strict=True)), part.sort_values("arrival_rate_rps"))
             )
     return out

@@ -132,7 +132,7 @@ def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> T
     title += f" and p99 E2E <= {slo['e2e_s']:g} s"
     table = Table(title=title, title_justify="left", header_style="bold")
     columns = [
-        c for c in targets.columns if c not in ("utilization_target", "ci95", "offered_rps", "sla_left")
+        c for c in targets.columns if c not in ("utilization_target", "ci95", "arrival_rate_rps", "sla_left")
     ]
     for c in [*(c.split(".")[-1] for c in columns), "GPU utilization", "±95%", "at load (req/s)", "note"]:
         table.add_column(
@@ -143,7 +143,7 @@ def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> T
         if math.isnan(r["utilization_target"]):
             note = "p99 over the SLA even at the lowest load"
         table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), _fmt("work_utilization", r["utilization_target"]),
-                      _fmt("work_utilization", r["ci95"]), f"{r['offered_rps']:.1f}", note)  # fmt: skip
+                      _fmt("work_utilization", r["ci95"]), f"{r['arrival_rate_rps']:.1f}", note)  # fmt: skip
     return table
 
 

@@ -110,14 +110,14 @@ def test_utilization_target_is_interpolated_to_the_sla_crossing() -> None:
         for policy, latency in (("unconditional", p99), ("gpu_seconds", flat_p99)):
             for tier in ("interactive", "all"):
                 rows.append({"point": point, "workload.rate_multiplier": point + 1, "policy": policy, "tier": tier,
-                             "offered_rps": 10.0 * (point + 1), "ttft_p99_s": latency, "e2e_p99_s": latency,
+                             "arrival_rate_rps": 10.0 * (point + 1), "ttft_p99_s": latency, "e2e_p99_s": latency,
                              "work_utilization": util, "work_utilization_ci95": 0.02})  # fmt: skip
     targets = utilization_targets(
         pd.DataFrame(rows), {"interactive": {"ttft_s": 3.0, "e2e_s": 10.0}}, "interactive"
     )
     t = targets.set_index("policy")
     assert t.loc["unconditional", "utilization_target"] == pytest.approx(0.6)
-    assert t.loc["unconditional", "offered_rps"] == pytest.approx(25.0)
+    assert t.loc["unconditional", "arrival_rate_rps"] == pytest.approx(25.0)
     assert t.loc["unconditional", "sla_left"]
     assert t.loc["gpu_seconds", "utilization_target"] == pytest.approx(0.7)
     assert not t.loc["gpu_seconds", "sla_left"]

@@ -72,7 +72,9 @@ def test_rows_equal_individual_runs(tmp_path: Path) -> None:
     ]
     plan = plan_sweep(scenario, params, replications=2, seed=5)
     table = run_sweep(plan, tmp_path / "out", jobs=2)
-    assert len(table) == 4 * 3 * 3  # points x policies x (two tiers + all)
+    groups = table["tier"].nunique()  # two tiers, "all", and per-pool figures
+    assert {"interactive", "batch", "all"} <= set(table["tier"])
+    assert len(table) == 4 * 3 * groups  # points x policies x groups
     assert (tmp_path / "out" / "sweep.parquet").is_file() and (tmp_path / "out" / "sweep.csv").is_file()
     assert len(pd.read_csv(tmp_path / "out" / "sweep.csv")) == len(table)
     for point in plan.points:
@@ -85,7 +87,7 @@ def test_rows_equal_individual_runs(tmp_path: Path) -> None:
             (table["workload.rate_multiplier"] == overrides["workload.rate_multiplier"])
             & (table["policies.gpu_seconds.headroom"] == overrides["policies.gpu_seconds.headroom"])
         ]
-        assert len(mine) == 9
+        assert len(mine) == 3 * groups == 3 * len(expected["unconditional"])
         for _, row in mine.iterrows():
             for measure, value in expected[row["policy"]][row["tier"]].items():
                 got = row[measure]
@@ -95,7 +97,7 @@ def test_rows_equal_individual_runs(tmp_path: Path) -> None:
                     measure,
                 )
             assert row["replications"] == 2 and row["seed"] == 5
-    rate = table[(table["tier"] == "all") & (table["workload.rate_multiplier"] == 0.2)]["offered_rps"]
+    rate = table[(table["tier"] == "all") & (table["workload.rate_multiplier"] == 0.2)]["arrival_rate_rps"]
     assert (rate == 0.2 * 120).all()
 
 
@@ -176,4 +178,5 @@ def test_sweep_command(tmp_path: Path) -> None:
     assert targets["utilization_target"].between(0, 1).all()
     again = runner.invoke(app, args)  # everything saved: nothing runs, same table
     assert again.exit_code == 0
-    assert len(pd.read_parquet(out / "sweep.parquet")) == 3 * 3 * 3
+    table = pd.read_parquet(out / "sweep.parquet")
+    assert len(table) == 3 * 3 * table["tier"].nunique()

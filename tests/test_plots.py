@@ -1,0 +1,114 @@
+"""Plots: the figure objects carry the expected axes, curves and SLA lines; the command writes the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from typer.testing import CliRunner
+
+from simadmit.cli import app
+from simadmit.plots import goodput_vs_load, latency_cdfs, latency_vs_utilization, rejection_vs_load, timeline
+from simadmit.sweep import parse_param, plan_sweep, run_sweep
+from tests.test_sweep import short_scenario
+
+matplotlib.use("Agg")
+runner = CliRunner()
+POLICIES = {"unconditional", "queue_depth", "gpu_seconds"}
+SLO = {"interactive": {"ttft_s": 3.0, "e2e_s": 15.0}, "batch": {"ttft_s": 60.0, "e2e_s": 120.0}}
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("sweep")
+    params = [
+        parse_param("workload.rate_multiplier=0.1,0.3,1.0"),
+        parse_param("policies.gpu_seconds.headroom=0.8,1.0"),
+    ]
+    run_sweep(plan_sweep(short_scenario(tmp), params), tmp / "out", jobs=1)
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("run")
+    out = tmp / "out"
+    result = runner.invoke(app, ["simulate", str(short_scenario(tmp)), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _curves(ax: matplotlib.axes.Axes) -> dict[str, np.ndarray]:
+    return {line.get_label(): np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()}
+
+
+def test_p99_vs_utilization(sweep_dir: Path) -> None:
+    """Two panels (TTFT, E2E), log latency against utilization in percent, a curve per policy and
+    headroom value (headroom splits only gpu_seconds), and the SLA drawn."""
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    fig = latency_vs_utilization(table, "interactive", SLO["interactive"])
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    ttft, e2e = fig.axes
+    assert ttft.get_xlabel() == e2e.get_xlabel() == "GPU utilization (work done / GPU capacity, %)"
+    assert ttft.get_ylabel() == "p99 TTFT (s)" and e2e.get_ylabel() == "p99 end-to-end latency (s)"
+    assert ttft.get_yscale() == "log"
+    curves = _curves(ttft)
+    assert set(curves) == {"unconditional", "queue_depth", "gpu_seconds, headroom=0.8", "gpu_seconds, headroom=1",
+                           "SLA 3 s"}  # fmt: skip
+    assert all(
+        len(y) == 3 and np.isfinite(y).all() for name, y in curves.items() if not name.startswith("SLA")
+    )
+    assert list(curves["SLA 3 s"]) == [3.0, 3.0]
+    assert "SLA 15 s" in _curves(e2e)
+    x = np.concatenate([line.get_xdata() for line in ttft.get_lines()[:-1]])
+    assert 0 < x.min() and x.max() <= 100
+
+
+def test_rejection_and_goodput_vs_load(sweep_dir: Path) -> None:
+    """Rejections in percent and goodput in requests/s, against offered load in requests/s."""
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    rej = rejection_vs_load(table, "interactive").axes[0]
+    assert rej.get_xlabel() == "offered load (requests/s)" and rej.get_ylabel() == "rejection rate (%)"
+    unconditional = _curves(rej)["unconditional"]
+    assert (unconditional == 0).all()  # unconditional admission never rejects
+    assert _curves(rej)["gpu_seconds, headroom=0.8"].max() > 0
+    good = goodput_vs_load(table, "interactive").axes[0]
+    assert good.get_ylabel() == "goodput (requests/s within SLA)"
+    assert list(good.get_lines()[0].get_xdata()) == pytest.approx([9.6, 28.8, 96.0])
+    assert "offered load" in _curves(good)
+
+
+def test_run_figures(run_dir: Path) -> None:
+    """Latency CDFs per tier and a three-panel timeline, from a `simulate` directory."""
+    cdf = latency_cdfs(pd.read_parquet(run_dir / "requests.parquet"), SLO)
+    assert len(cdf.axes) == 4
+    assert [ax.get_xlabel() for ax in cdf.axes] == ["TTFT (s)", "end-to-end latency (s)"] * 2
+    assert cdf.axes[0].get_ylabel() == "fraction of completed requests"
+    curves = _curves(cdf.axes[0])
+    assert POLICIES <= set(curves) and "SLA 3 s" in curves
+    assert all(y[0] == 0 and y[-1] == 1 for name, y in curves.items() if name in POLICIES)
+    tl = timeline(pd.read_parquet(run_dir / "timeseries.parquet"))
+    assert [ax.get_ylabel() for ax in tl.axes] == [
+        "queued requests",
+        "in-flight work (GPU-s)",
+        "rejections (per s)",
+    ]
+    assert tl.axes[-1].get_xlabel() == "simulated time (s)"
+    assert set(_curves(tl.axes[0])) == POLICIES and _curves(tl.axes[0])["unconditional"].max() > 0
+
+
+def test_plot_command_writes_png_and_svg(sweep_dir: Path, run_dir: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plot", str(sweep_dir)])
+    assert result.exit_code == 0, result.output
+    for stem in ("p99_vs_utilization_interactive", "rejection_vs_load_batch", "goodput_vs_load_all"):
+        for ext in ("png", "svg"):
+            assert (sweep_dir / f"{stem}.{ext}").stat().st_size > 5000
+    result = runner.invoke(app, ["plot", str(run_dir), "--scenario", str(short_scenario(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "latency_cdf.png").stat().st_size > 5000 and (run_dir / "timeline.svg").is_file()
+    empty = runner.invoke(app, ["plot", str(tmp_path)])
+    assert empty.exit_code == 2 and "nothing" not in empty.output and "no sweep.parquet" in empty.output

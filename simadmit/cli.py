@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from simadmit.errors import InputError, problem
 from simadmit.report import print_summary
 from simadmit.resources import default_scenario
-from simadmit.runner import ScenarioResult, run_scenario
+from simadmit.runner import ScenarioResult, run_study
 from simadmit.scenario import load_scenario
 from simadmit.world import build_world
 
@@ -108,14 +108,14 @@ def simulate(
     try:
         path = scenario or default_scenario()
         spec, base = load_scenario(path, parse_overrides(set_))
-        world = build_world(spec, base)
+        build_world(spec, base)  # profiles are read and checked before anything runs
     except InputError as e:
         fail(e.problems)
         return
     progress = _LazyProgress()
     started = time.monotonic()
     try:
-        result = run_scenario(spec, world, seed, replications, progress)
+        result = run_study(spec, base, seed, replications, progress)
     finally:
         progress.close()
     elapsed = time.monotonic() - started

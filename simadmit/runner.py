@@ -1,21 +1,23 @@
 """Runner: every policy of a scenario over the same workloads, replication by replication.
 
 Replication r uses seed `seed + r` for its workload and client jitter; all policies of a replication
-share that workload, so differences between policies are never differences in traffic.
+share that workload, so differences between policies are never differences in traffic. A scenario's
+variants (other settings to compare) each run all policies on the same seeds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from simadmit import records, summary
-from simadmit.scenario import ScenarioSpec
+from simadmit.scenario import ScenarioSpec, variant_spec
 from simadmit.simulation import Simulation, policy_requests
 from simadmit.workload import generate
-from simadmit.world import World, build_policies
+from simadmit.world import World, build_policies, build_world
 
 Progress = Callable[[str, int, int], None]  # (label, done, total)
 
@@ -72,4 +74,41 @@ def run_scenario(
         runs=per_policy,
         events=events,
         simulated_requests=simulated,
+    )
+
+
+def run_study(
+    spec: ScenarioSpec,
+    base: Path,
+    seed: int | None = None,
+    replications: int = 1,
+    progress: Progress | None = None,
+    keep_tables: bool = True,
+) -> ScenarioResult:
+    """Run a scenario, or each of its variants: results are keyed `variant/policy` when there are variants."""
+    if not spec.variants:
+        return run_scenario(spec, build_world(spec, base), seed, replications, progress, keep_tables)
+    parts = []
+    for variant in spec.variants:
+        vspec = variant_spec(spec, variant)
+        result = run_scenario(vspec, build_world(vspec, base), seed, replications, progress, keep_tables)
+        parts.append((variant.name, result))
+    return _merge(parts)
+
+
+def _merge(parts: list[tuple[str, ScenarioResult]]) -> ScenarioResult:
+    def tagged(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        frame = frame.copy()
+        frame["policy"] = name + "/" + frame["policy"].astype(str)
+        return frame
+
+    return ScenarioResult(
+        requests=pd.concat([tagged(r.requests, n) for n, r in parts], ignore_index=True),
+        timeseries=pd.concat([tagged(r.timeseries, n) for n, r in parts], ignore_index=True),
+        summary={f"{n}/{p}": s for n, r in parts for p, s in r.summary.items()},
+        runs={f"{n}/{p}": s for n, r in parts for p, s in r.runs.items()},
+        events=sum(r.events for _, r in parts),
+        simulated_requests=sum(r.simulated_requests for _, r in parts),
     )

@@ -86,6 +86,8 @@ class TierSpec(_Model):
     max_tokens: int = Field(gt=0, description="max_tokens the client sends; caps the output")
     deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
     slo: SLOSpec = SLOSpec()
+    start_s: float = Field(default=0.0, ge=0, description="the tier sends traffic from this time on")
+    end_s: float = Field(default=float("inf"), gt=0, description="... and until this time (a shifting mix)")
 
 
 class WorkloadSpec(_Model):
@@ -240,9 +242,19 @@ class GpuSecondsSpec(_Model):
 PolicySpec = Annotated[UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec, Field(discriminator="kind")]
 
 
+class VariantSpec(_Model):
+    name: str
+    set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
+
+
 class ScenarioSpec(_Model):
     name: str = "scenario"
     description: str = ""
+    variants: list[VariantSpec] = Field(
+        default_factory=list,
+        description="settings other than the policy to compare (pool layout, clients, autoscaler...): every "
+        "policy runs in every variant, all on the same seeds",
+    )
     workload: WorkloadSpec
     pools: list[PoolSpec] = Field(min_length=1)
     gateway: GatewaySpec = GatewaySpec()
@@ -295,6 +307,11 @@ def scenario_from_dict(
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as e:
         raise InputError(pydantic_problems(source, e)) from None
+    for i, variant in enumerate(spec.variants):
+        try:
+            variant_spec(spec, variant)
+        except InputError as e:
+            raise InputError([problem(source, f"variants.{i} ({variant.name})", p) for p in e.problems]) from None
     base = Path(source).parent if source is not None else Path(".")
     missing = [
         problem(source, f"pools.{i}.profile", f"profile {p.profile!r} not found")
@@ -304,6 +321,15 @@ def scenario_from_dict(
     if missing:
         raise InputError(missing)
     return spec
+
+
+def variant_spec(spec: ScenarioSpec, variant: VariantSpec) -> ScenarioSpec:
+    """The scenario as one of its variants sees it (without the variants list)."""
+    doc = spec.model_dump(exclude={"variants"})
+    try:
+        return ScenarioSpec.model_validate(_apply_overrides(doc, variant.set))
+    except ValidationError as e:
+        raise InputError(pydantic_problems(None, e)) from None
 
 
 def _apply_overrides(data: dict[str, object], overrides: dict[str, object]) -> dict[str, object]:

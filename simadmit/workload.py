@@ -61,6 +61,22 @@ def arrival_process(spec: WorkloadSpec) -> arrivals.ArrivalProcess:
     return arrivals.Poisson()
 
 
+def assign_tiers(spec: WorkloadSpec, arrival: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A tier for each arrival, in proportion to the shares of the tiers active at that time."""
+    u = rng.random(len(arrival))
+    tier = np.full(len(arrival), -1, dtype=np.int64)
+    edges = sorted({0.0, *(t.start_s for t in spec.tiers), *(t.end_s for t in spec.tiers if np.isfinite(t.end_s))})
+    edges.append(np.inf)
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        shares = np.array([t.share if t.start_s <= lo and t.end_s >= hi else 0.0 for t in spec.tiers])
+        inside = (arrival >= lo) & (arrival < hi)
+        if shares.sum() == 0:
+            continue
+        cum = np.cumsum(shares / shares.sum())
+        tier[inside] = np.minimum(np.searchsorted(cum, u[inside], side="right"), len(cum) - 1)
+    return tier
+
+
 def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     """Draw the requests of one replication (seed defaults to the scenario's)."""
     seed = spec.seed if seed is None else seed
@@ -68,9 +84,9 @@ def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     arrival = arrivals.arrival_times(
         arrival_process(spec), np.random.default_rng([seed, 0]), rate, spec.duration_s, spec.requests
     )
+    tier = assign_tiers(spec, arrival, np.random.default_rng([seed, 1]))
+    arrival, tier = arrival[tier >= 0], tier[tier >= 0]  # no tier sends at that time
     n = len(arrival)
-    shares = np.array([t.share for t in spec.tiers], dtype=float)
-    tier = np.random.default_rng([seed, 1]).choice(len(shares), size=n, p=shares / shares.sum())
     prompt = np.zeros(n, dtype=np.int64)
     output = np.zeros(n, dtype=np.int64)
     max_tokens = np.zeros(n, dtype=np.int64)

@@ -1,11 +1,18 @@
 """Arrival processes: functions of a seeded generator that return sorted arrival times in seconds.
 
 Poisson is the baseline (inter-arrival CV 1). Gamma renewal with CV > 1 and a two-state MMPP model bursts
-at the same mean rate, which is what makes fixed queue limits and stale gateway views misbehave.
+at the same mean rate, which is what makes fixed queue limits and stale gateway views misbehave. A
+time-varying rate follows a shape over time (a ramp, spike and drain, or a daily sinusoid) scaled by the
+mean rate; `fit_trace` estimates such a shape and the burstiness left around it from a recorded trace.
+
+Every process has `times(rng, rate, duration_s, count)`: all arrivals before `duration_s`, or the first
+`count` arrivals. Generating by duration never restarts a process partway, so a longer duration extends
+the same stream rather than gluing independent pieces together.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +25,11 @@ class Poisson:
     def intervals(self, rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
         return rng.exponential(1.0 / rate, n)
 
+    def times(
+        self, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
+    ) -> np.ndarray:
+        return _renewal_times(self, rng, rate, duration_s, count)
+
 
 @dataclass(frozen=True, slots=True)
 class GammaRenewal:
@@ -29,47 +41,20 @@ class GammaRenewal:
         shape = 1.0 / self.cv**2
         return rng.gamma(shape, 1.0 / (rate * shape), n)
 
-
-@dataclass(frozen=True, slots=True)
-class MMPP2:
-    """Two-state Markov-modulated Poisson process: bursts of `burst_factor` x the calm rate.
-
-    The state durations are exponential with means `calm_s` and `burst_s`; the calm rate is set so the
-    long-run mean rate equals the requested rate.
-    """
-
-    burst_factor: float
-    calm_s: float
-    burst_s: float
-
-    def intervals(self, rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
-        p_burst = self.burst_s / (self.calm_s + self.burst_s)
-        calm_rate = rate / (1 - p_burst + p_burst * self.burst_factor)
-        rates = (calm_rate, calm_rate * self.burst_factor)
-        means = (self.calm_s, self.burst_s)
-        times = np.empty(n)
-        t, state, k = 0.0, 0, 0
-        while k < n:
-            end = t + rng.exponential(means[state])
-            # draw this state's arrivals in bulk; expected count plus a margin
-            m = int(rates[state] * (end - t) * 1.5) + 8
-            arr = t + np.cumsum(rng.exponential(1.0 / rates[state], m))
-            while arr[-1] < end:
-                arr = np.concatenate([arr, arr[-1] + np.cumsum(rng.exponential(1.0 / rates[state], m))])
-            arr = arr[arr < end][: n - k]
-            times[k : k + len(arr)] = arr
-            k += len(arr)
-            t, state = end, 1 - state
-        return np.diff(times, prepend=0.0)
+    def times(
+        self, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
+    ) -> np.ndarray:
+        return _renewal_times(self, rng, rate, duration_s, count)
 
 
-ArrivalProcess = Poisson | GammaRenewal | MMPP2
-
-
-def arrival_times(
-    process: ArrivalProcess, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
+def _renewal_times(
+    process: Poisson | GammaRenewal,
+    rng: np.random.Generator,
+    rate: float,
+    duration_s: float | None,
+    count: int | None,
 ) -> np.ndarray:
-    """Arrival times of `count` requests, or of all requests before `duration_s` (exactly one must be set)."""
+    # a renewal process has no state but its last arrival, so drawing it in chunks is exact
     if count is not None:
         return np.cumsum(process.intervals(rng, rate, count))
     assert duration_s is not None
@@ -78,3 +63,274 @@ def arrival_times(
     while times[-1] < duration_s:
         times = np.concatenate([times, times[-1] + np.cumsum(process.intervals(rng, rate, chunk))])
     return times[times < duration_s]
+
+
+@dataclass(frozen=True, slots=True)
+class MMPP2:
+    """Two-state Markov-modulated Poisson process: bursts of `burst_factor` x the calm rate.
+
+    The state durations are exponential with means `calm_s` and `burst_s`; the calm rate is set so the
+    long-run mean rate equals the requested rate. The first state is drawn from the stationary
+    distribution, so the mean rate holds from time 0, not only in the long run.
+    """
+
+    burst_factor: float
+    calm_s: float
+    burst_s: float
+
+    SOJOURNS_PER_DRAW = 256  # fixed, so a longer stream starts with exactly the draws of a shorter one
+
+    def rates(self, rate: float) -> tuple[float, float]:
+        """(calm rate, burst rate) for a long-run mean `rate`."""
+        p_burst = self.burst_s / (self.calm_s + self.burst_s)
+        calm = rate / (1 - p_burst + p_burst * self.burst_factor)
+        return calm, calm * self.burst_factor
+
+    def intervals(self, rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
+        return np.diff(self.times(rng, rate, None, n), prepend=0.0)
+
+    def times(
+        self, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
+    ) -> np.ndarray:
+        rates = np.array(self.rates(rate))
+        means = np.array([self.calm_s, self.burst_s])
+        state = int(rng.random() < self.burst_s / (self.calm_s + self.burst_s))
+        t, total, parts = 0.0, 0, []
+        # Whole sojourns are drawn in bulk: given its length, a state's arrivals are a Poisson number of
+        # uniform points, sorted. Sojourns follow one another, so one global sort orders each of them.
+        while (duration_s is not None and t < duration_s) or (count is not None and total < count):
+            states = (state + np.arange(self.SOJOURNS_PER_DRAW)) % 2
+            ends = t + np.cumsum(rng.exponential(means[states]))
+            starts = np.concatenate([[t], ends[:-1]])
+            n = rng.poisson(rates[states] * (ends - starts))
+            parts.append(np.sort(np.repeat(starts, n) + rng.random(n.sum()) * np.repeat(ends - starts, n)))
+            t, state, total = float(ends[-1]), (state + self.SOJOURNS_PER_DRAW) % 2, total + int(n.sum())
+        times = np.concatenate(parts)
+        return times[times < duration_s] if duration_s is not None else times[:count]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Piecewise-linear rate multiplier through `(t, factor)` points, held at the last factor afterwards.
+
+    The first point is at t = 0; times never decrease, and two points at the same time make a jump. With
+    rate 10, `((0, 0.5), (600, 1), (900, 3), (960, 1))` ramps from 5 to 10 req/s over ten minutes, then
+    climbs to a 30 req/s spike and drains back to 10 req/s.
+    """
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        t, f = self._arrays()
+        if len(t) == 0 or t[0] != 0 or (np.diff(t) < 0).any() or (f < 0).any() or not np.isfinite(t).all():
+            raise ValueError("profile points need t starting at 0, never decreasing, and factors >= 0")
+        if not (f > 0).any():
+            raise ValueError("profile factors are all 0: nothing would arrive")
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        pts = np.asarray(self.points, dtype=float).reshape(-1, 2)
+        return pts[:, 0], pts[:, 1]
+
+    def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per point: start time, factor, slope to the next point (0 after the last), cumulative at start."""
+        t, f = self._arrays()
+        dt = np.diff(t)
+        slope = np.append(np.divide(np.diff(f), dt, out=np.zeros_like(dt), where=dt > 0), 0.0)
+        cum = np.concatenate([[0.0], np.cumsum((f[:-1] + f[1:]) / 2 * dt)])
+        return t, f, slope, cum
+
+    def factor(self, t: np.ndarray) -> np.ndarray:
+        ts, f, slope, _ = self._segments()
+        k = np.searchsorted(ts, t, side="right") - 1
+        return f[k] + slope[k] * (t - ts[k])
+
+    def cumulative(self, t: np.ndarray) -> np.ndarray:
+        """Integral of the factor from 0 to t."""
+        ts, f, slope, cum = self._segments()
+        k = np.searchsorted(ts, t, side="right") - 1
+        x = t - ts[k]
+        return cum[k] + f[k] * x + slope[k] * x * x / 2
+
+    def inverse(self, c: np.ndarray) -> np.ndarray:
+        """The time at which the cumulative reaches c (exact: solves each segment's quadratic)."""
+        ts, f, slope, cum = self._segments()
+        if f[-1] == 0 and (c > cum[-1]).any():
+            raise ValueError("the profile ends at rate 0: ask for a duration, not a count")
+        k = np.searchsorted(cum, c, side="right") - 1  # the last segment starting at or before c
+        d = c - cum[k]
+        root = f[k] + np.sqrt(np.maximum(f[k] ** 2 + 2 * slope[k] * d, 0.0))
+        # x solves slope/2 x^2 + f x = d; this form stays accurate when slope is 0 or tiny
+        return ts[k] + np.divide(2 * d, root, out=np.zeros_like(d), where=root > 0)
+
+    def pieces(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+        """Cut [a, b) at the profile's points: (edges, upper bound of the factor on each piece)."""
+        ts, f, slope, _ = self._segments()
+        edges = np.unique(np.concatenate([[a, b], ts[(ts > a) & (ts < b)]]))
+        k = np.searchsorted(ts, edges[:-1], side="right") - 1
+        ends = (f[k] + slope[k] * (edges[:-1] - ts[k]), f[k] + slope[k] * (edges[1:] - ts[k]))
+        return edges, np.maximum(*ends)
+
+    @property
+    def dead_after(self) -> float:
+        """Time after which nothing arrives: the last point if the profile ends at 0, else infinity."""
+        t, f = self._arrays()
+        return float(t[-1]) if f[-1] == 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Diurnal:
+    """Daily sinusoid: factor 1 + amplitude x cos(2 pi (t - peak_s) / period_s), mean 1 over a period."""
+
+    amplitude: float
+    period_s: float = 86_400.0
+    peak_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.amplitude <= 1 and self.period_s > 0):
+            raise ValueError("diurnal needs 0 <= amplitude <= 1 and period_s > 0")
+
+    def factor(self, t: np.ndarray) -> np.ndarray:
+        return 1 + self.amplitude * np.cos(2 * np.pi * (t - self.peak_s) / self.period_s)
+
+    def cumulative(self, t: np.ndarray) -> np.ndarray:
+        w = 2 * np.pi / self.period_s
+        return t + self.amplitude / w * (np.sin(w * (t - self.peak_s)) - np.sin(-w * self.peak_s))
+
+    def inverse(self, c: np.ndarray) -> np.ndarray:
+        """The time at which the cumulative reaches c, by bisection to float precision.
+
+        The cumulative is increasing and within amplitude x period / pi of t, which brackets the root.
+        """
+        half = self.amplitude * self.period_s / np.pi + 1e-9
+        lo, hi = c - half, c + half
+        for _ in range(64):
+            mid = (lo + hi) / 2
+            low = self.cumulative(mid) < c
+            lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+        return (lo + hi) / 2
+
+    def pieces(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([a, b]), np.array([1 + self.amplitude])
+
+    @property
+    def dead_after(self) -> float:
+        return math.inf
+
+
+Shape = Profile | Diurnal
+
+
+@dataclass(frozen=True, slots=True)
+class TimeVarying:
+    """Arrivals whose rate is `rate x shape.factor(t)`.
+
+    With cv = 1 this is a non-homogeneous Poisson process, generated exactly by thinning (Lewis and
+    Shedler): candidates from a Poisson process at an upper bound of the rate on each piece of the shape,
+    each kept with probability rate(t) / bound. With cv != 1 it is a gamma renewal process with that CV run
+    in operational time (time measured by the cumulative rate) and mapped back to real time, so the rate
+    follows the shape and the burstiness around it is the gamma's.
+    """
+
+    shape: Shape
+    cv: float = 1.0
+
+    def times(
+        self, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
+    ) -> np.ndarray:
+        if self.cv != 1.0:
+            horizon = None if duration_s is None else float(self.shape.cumulative(np.array(duration_s)))
+            operational = _renewal_times(GammaRenewal(self.cv), rng, rate, horizon, count)
+            return self.shape.inverse(operational)
+        if duration_s is not None:
+            return self._thin(rng, rate, 0.0, duration_s)
+        assert count is not None
+        parts, a, width, total = [], 0.0, count / rate, 0
+        while total < count:
+            if a >= self.shape.dead_after:
+                raise ValueError("the profile ends at rate 0: ask for a duration, not a count")
+            parts.append(self._thin(rng, rate, a, a + width))
+            a, width, total = a + width, 2 * width, total + len(parts[-1])
+        return np.concatenate(parts)[:count]
+
+    def _thin(self, rng: np.random.Generator, rate: float, a: float, b: float) -> np.ndarray:
+        edges, bound = self.shape.pieces(a, b)
+        width = np.diff(edges)
+        n = rng.poisson(rate * bound * width)
+        cand = np.sort(np.repeat(edges[:-1], n) + rng.random(n.sum()) * np.repeat(width, n))
+        keep = rng.random(len(cand)) * np.repeat(bound, n) < self.shape.factor(cand)
+        return cand[keep]
+
+
+ArrivalProcess = Poisson | GammaRenewal | MMPP2 | TimeVarying
+
+
+def arrival_times(
+    process: ArrivalProcess,
+    rng: np.random.Generator,
+    rate: float,
+    duration_s: float | None,
+    count: int | None,
+) -> np.ndarray:
+    """Arrival times of `count` requests, or of all requests before `duration_s` (exactly one must be set)."""
+    if (duration_s is None) == (count is None):
+        raise ValueError("set exactly one of duration_s and count")
+    return process.times(rng, rate, duration_s, count)
+
+
+# --- burstiness measures and fitting a process to a trace ---------------------------------------------
+
+
+def iat_cv(times: np.ndarray) -> float:
+    """Coefficient of variation of inter-arrival times (1 for Poisson)."""
+    gaps = np.diff(np.sort(times))
+    return float(gaps.std() / gaps.mean())
+
+
+def idc(times: np.ndarray, window_s: float, span_s: float | None = None) -> float:
+    """Index of dispersion of counts: variance / mean of arrivals per `window_s` bin over [0, span_s].
+
+    The span defaults to the last arrival; the last bin may be partial, as in a histogram of the trace.
+    """
+    times = np.asarray(times, dtype=float)
+    span = float(times.max()) if span_s is None else span_s
+    counts = np.histogram(times, np.arange(0.0, span + window_s, window_s))[0]
+    return float(counts.var() / counts.mean())
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFit:
+    """A trace summarised as a rate curve and the burstiness around it."""
+
+    rate: float  # mean arrival rate over the trace, req/s
+    shape: Profile  # step curve, one step per bin, mean 1 over the trace
+    cv: float  # inter-arrival CV once the rate curve is taken out (1 = Poisson around the curve)
+    iat_cv: float  # raw inter-arrival CV of the trace
+    idc: float  # index of dispersion of counts in `idc_window_s` bins
+    idc_window_s: float
+    span_s: float  # first to last arrival
+
+    def process(self) -> TimeVarying:
+        """Generates streams with this rate curve and this CV (run it with `rate` for the trace's rate)."""
+        return TimeVarying(self.shape, self.cv)
+
+
+def fit_trace(arrival_s: np.ndarray, bin_s: float = 60.0, idc_window_s: float = 1.0) -> TraceFit:
+    """Estimate a rate curve (requests per `bin_s` bin, as steps) and the burstiness around it.
+
+    The CV is measured in operational time: each arrival is mapped through the fitted cumulative rate,
+    which removes the slow drift the curve already explains, and the CV of the resulting gaps is what a
+    gamma renewal process must add around the curve. For traces with quantized timestamps (Mooncake) load
+    with `bucket_jitter` first, or the CV measures the quantization.
+    """
+    t = np.sort(np.asarray(arrival_s, dtype=float)) - float(np.min(arrival_s))
+    span = float(t[-1])
+    if len(t) < 3 or span <= 0:
+        raise ValueError("need at least 3 arrivals spread over time to fit a trace")
+    edges = np.append(np.arange(0.0, span, bin_s), span)
+    counts = np.histogram(t, edges)[0]
+    rate = len(t) / span
+    steps = counts / np.diff(edges) / rate
+    points = tuple((float(e), float(s)) for lo, hi, s in zip(edges[:-1], edges[1:], steps) for e in (lo, hi))
+    shape = Profile(points)
+    cv = iat_cv(shape.cumulative(t))
+    return TraceFit(rate, shape, cv, iat_cv(t), idc(t, idc_window_s, span), idc_window_s, span)

@@ -170,7 +170,9 @@ def _open(path: Path) -> IO[str]:
 def _require(path: Path, names: list[str], present: list[str]) -> None:
     missing = [n for n in names if n not in present]
     if missing:
-        raise InputError([problem(path, None, f"no column {n!r} (columns: {', '.join(present)})") for n in missing])
+        raise InputError(
+            [problem(path, None, f"no column {n!r} (columns: {', '.join(present)})") for n in missing]
+        )
 
 
 def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
@@ -251,10 +253,10 @@ def _parse(
             ok = np.isfinite(num) & (num == np.round(num)) & (num >= 1)
             arr, what = np.where(ok, num, 1).astype(np.int64), "is not a whole number >= 1"
         parsed[field] = arr
-        for i in np.flatnonzero(~ok):
-            v = values[i]
+        for j in np.flatnonzero(~ok):
+            v = values[j]
             text = "is missing" if v is _MISSING or v is None or v == "" else f"{v!r} {what}"
-            bad.setdefault(int(i), f"{name} {text}")
+            bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
 
 

@@ -78,8 +78,6 @@ class MMPP2:
     calm_s: float
     burst_s: float
 
-    SOJOURNS_PER_DRAW = 256  # fixed, so a longer stream starts with exactly the draws of a shorter one
-
     def rates(self, rate: float) -> tuple[float, float]:
         """(calm rate, burst rate) for a long-run mean `rate`."""
         p_burst = self.burst_s / (self.calm_s + self.burst_s)
@@ -95,16 +93,19 @@ class MMPP2:
         rates = np.array(self.rates(rate))
         means = np.array([self.calm_s, self.burst_s])
         state = int(rng.random() < self.burst_s / (self.calm_s + self.burst_s))
-        t, total, parts = 0.0, 0, []
         # Whole sojourns are drawn in bulk: given its length, a state's arrivals are a Poisson number of
         # uniform points, sorted. Sojourns follow one another, so one global sort orders each of them.
+        # Draws hold 16, 32, ... up to 4096 sojourns whatever the length asked for, so short streams stay
+        # cheap and a longer stream starts with exactly the draws of a shorter one.
+        t, total, parts, size = 0.0, 0, [], 16
         while (duration_s is not None and t < duration_s) or (count is not None and total < count):
-            states = (state + np.arange(self.SOJOURNS_PER_DRAW)) % 2
+            states = (state + np.arange(size)) % 2
             ends = t + np.cumsum(rng.exponential(means[states]))
             starts = np.concatenate([[t], ends[:-1]])
             n = rng.poisson(rates[states] * (ends - starts))
             parts.append(np.sort(np.repeat(starts, n) + rng.random(n.sum()) * np.repeat(ends - starts, n)))
-            t, state, total = float(ends[-1]), (state + self.SOJOURNS_PER_DRAW) % 2, total + int(n.sum())
+            t, state, total = float(ends[-1]), (state + size) % 2, total + int(n.sum())
+            size = min(2 * size, 4096)
         times = np.concatenate(parts)
         return times[times < duration_s] if duration_s is not None else times[:count]
 

@@ -5,7 +5,8 @@ tokens it generated. Readers exist for the Azure LLM inference trace (CSV), the 
 which other LLM benchmarks read too) and any CSV/JSONL/Parquet file through a column mapping. Every reader
 returns the same table, sorted by arrival:
 
-    arrival_s       float, seconds since the first request kept (window start, divided by the speed-up)
+    arrival_s       float, seconds from the window start (trace time start_s; the trace's first request
+                    is at trace time 0), divided by the speed-up
     prompt_tokens   int >= 1
     output_tokens   int >= 1, the truth the gateway never sees
     tier            str, only when the mapping names a tier column
@@ -21,6 +22,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,9 +257,14 @@ def _parse(
         parsed[field] = arr
         for j in np.flatnonzero(~ok):
             v = values[j]
-            text = "is missing" if v is _MISSING or v is None or v == "" else f"{v!r} {what}"
+            text = "is missing" if _is_missing(v) else f"{v!r} {what}"
             bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
+
+
+def _is_missing(v: object) -> bool:
+    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT."""
+    return v is _MISSING or v is None or v is pd.NaT or v == "" or (isinstance(v, float) and math.isnan(v))
 
 
 def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:

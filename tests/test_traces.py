@@ -318,6 +318,17 @@ def test_file_level_problems(tmp_path: Path) -> None:
         TraceOptions(speedup=0)
 
 
+def test_parquet_problems_name_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"t": [0.0, 1.0, 2.0], "p": [5.0, None, 2.5], "o": [1, 1, 1]}).to_parquet(path)
+    with pytest.raises(InputError) as err:
+        load_trace(path, SECONDS)
+    assert err.value.problems == [
+        f"{path}: row 2: p is missing",
+        f"{path}: row 3: p 2.5 is not a whole number >= 1",
+    ]
+
+
 # --- tiers and max_tokens ----------------------------------------------------------------------------
 
 

@@ -79,3 +79,16 @@ def test_budget_durations() -> None:
     assert parse_duration("2.5s") == 2.5
     with pytest.raises(InputError, match="--budget"):
         parse_duration("ten minutes")
+
+
+def test_check_with_missing_profile_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = calibrate("check", str(tmp_path / "nope.yaml"), "--endpoint", "http://127.0.0.1:1")
+    assert_one_line_error(result, "nope.yaml", "not found")
+
+
+def test_check_with_invalid_profile_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: m\ngpu: g\n")
+    result = calibrate("check", str(bad), "--endpoint", "http://127.0.0.1:1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "step_time" in result.stderr and "required field is missing" in result.stderr

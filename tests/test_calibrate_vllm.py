@@ -30,10 +30,9 @@ from simadmit.calibrate.measurements import read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
 from simadmit.profile import Profile, load_profile
-from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer
+from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer, vllm_server_fixture  # noqa: F401
 
 pytestmark = pytest.mark.vllm
-pytest_plugins = ("tests.vllm_server",)  # the session-wide `vllm_server` fixture
 
 # Held-out points are predicted within this relative error. Within one server session the per-cell medians
 # of the calibration stay within ~15% of the fit on this machine; 35% leaves room for drift between minutes
@@ -59,6 +58,7 @@ def rows_in(csv_path: Path, phase: str) -> int:
 @dataclass(frozen=True)
 class Calibrated:
     profile: Profile
+    profile_path: Path
     csv_path: Path
     before_interrupt: str  # the CSV as Ctrl-C left it
     interrupted: subprocess.CompletedProcess[str]
@@ -81,7 +81,7 @@ def calibrated(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
     before = csv_path.read_text()
     resumed = subprocess.run([*cmd, "--resume"], check=False, capture_output=True, text=True, timeout=420)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    return Calibrated(load_profile(out), csv_path, before, interrupted, resumed)
+    return Calibrated(load_profile(out), out, csv_path, before, interrupted, resumed)
 
 
 def test_interrupted_run_keeps_its_csv_and_resume_repeats_nothing(
@@ -201,3 +201,20 @@ def test_poor_fit_is_written_with_a_warning(vllm_server: VllmServer, tmp_path: P
     profile = load_profile(out)
     assert any("points" in w for w in profile.warnings)
     assert out.read_text().startswith("# ") and "# WARNING: poor fit" in out.read_text()
+
+
+def test_check_compares_the_simulator_with_the_endpoint(
+    calibrated: Calibrated, vllm_server: VllmServer
+) -> None:
+    """`calibrate check` replays a mixed load on the server and on the simulator with the fitted profile and
+    prints predicted vs measured TTFT and inter-token latency; the medians agree within a factor of two."""
+    pytest.importorskip("simadmit.replay")
+    from simadmit.calibrate.check import CheckConfig, run_check
+
+    table, failed = run_check(
+        calibrated.profile, vllm_server.url, vllm_server.model, CheckConfig(requests=16, seed=3)
+    )
+    assert failed == 0
+    p50 = table[table["stat"] == "p50"].set_index("metric")
+    assert set(p50.index) == {"ttft_s", "itl_s"}
+    assert (p50["error"].abs() < 1.0).all(), table

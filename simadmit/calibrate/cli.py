@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ from simadmit.calibrate.phases import EndpointLost
 from simadmit.calibrate.report import print_calibration
 from simadmit.calibrate.run import CalibrationConfig, calibrate
 from simadmit.errors import InputError, problem
+from simadmit.profile import load_profile
 
 
 class _PassThroughGroup(TyperGroup):
@@ -131,7 +133,9 @@ def calibrate_command(
         if launch is None:
             result = asyncio.run(calibrate(cfg, console))
         else:
-            log = out.with_name(out.stem + ".vllm.log")
+            log = (
+                Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
+            )  # kept: read it if start-up fails
             python = vllm_python or sys.executable
             with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
@@ -163,14 +167,13 @@ def check_command(
     seed: Annotated[int, typer.Option(help="seed of the replayed load")] = 0,
 ) -> None:
     """Replay a short mixed load on the endpoint and on the simulator with PROFILE; compare TTFT and ITL."""
-    # Imported here: the check pulls in the simulator, which calibration itself does not need.
-    from simadmit.calibrate.check import CheckConfig, run_check
-    from simadmit.profile import load_profile
-
     console = Console()
     try:
         loaded = load_profile(profile)
         normalize_base_url(endpoint)
+        # Imported here: the check pulls in the simulator, which calibration itself does not need.
+        from simadmit.calibrate.check import CheckConfig, run_check
+
         table, failed = run_check(
             loaded, endpoint, model, CheckConfig(requests=requests, rate_per_s=rate, seed=seed)
         )

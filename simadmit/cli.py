@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from simadmit.errors import InputError, problem
 from simadmit.report import print_summary
@@ -67,7 +67,7 @@ class _LazyProgress:
         self.start = time.monotonic()
         self.delay_s = delay_s
         self.bar: Progress | None = None
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if self.bar is None:

@@ -103,7 +103,7 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
     path = Path(path)
     fields = {"arrival": columns.arrival, "prompt_tokens": columns.prompt_tokens}
     fields |= {"output_tokens": columns.output_tokens} | ({"tier": columns.tier} if columns.tier else {})
-    raw, where = _read(path, list(fields.values()))
+    raw, where = _read(path, list(dict.fromkeys(fields.values())))
     parsed, bad = _parse(raw, fields, columns.arrival_unit)
     problems = [problem(path, where[i], msg) for i, msg in sorted(bad.items())]
     if problems and options.on_error == "fail":
@@ -114,7 +114,9 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
     good[list(bad)] = False
     frame = _replay(pd.DataFrame({k: v[good] for k, v in parsed.items()}), options)
     if frame.empty:
-        raise InputError([problem(path, None, "no requests left after the time window and sampling")])
+        raise InputError(
+            [problem(path, None, "no requests left after malformed rows, the time window and sampling")]
+        )
     return TraceLoad(frame, len(problems), tuple(problems[:MAX_LISTED]), path)
 
 
@@ -133,7 +135,7 @@ def bundled_trace(name: str) -> Path:
         for r in roots
         if r.is_dir()
         for p in r.rglob("*")
-        if p.is_file() and not p.name.startswith(("README", "LICENSE"))
+        if p.is_file() and p.suffix in {*_SUFFIXES, ".gz"}
     )
     raise InputError([problem(None, "trace", f"no bundled trace {name!r}; known: {', '.join(known)}")])
 

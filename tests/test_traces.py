@@ -244,6 +244,8 @@ def test_mapping_reads_jsonl_parquet_and_gzip_with_a_tier(tmp_path: Path) -> Non
         frame = load_trace(path, columns).frame
         assert frame["arrival_s"].tolist() == [0.0, 1.0, 3.0], path
         assert frame["tier"].tolist() == ["a", "b", "a"] and frame["prompt_tokens"].tolist() == [10, 20, 30]
+    same = load_trace(jsonl, Columns("ts", "in", "in")).frame
+    assert same["prompt_tokens"].tolist() == same["output_tokens"].tolist() == [10, 20, 30]
 
 
 # --- malformed input ---------------------------------------------------------------------------------

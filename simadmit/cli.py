@@ -131,5 +131,7 @@ def simulate(
 
 
 from simadmit import sweep_cli  # noqa: E402
+from simadmit.calibrate.cli import calibrate_app  # noqa: E402
 
 sweep_cli.register(app)
+app.add_typer(calibrate_app, name="calibrate")

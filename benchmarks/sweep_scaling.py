@@ -1,0 +1,56 @@
+"""Sweep scaling: wall time of a 100-point sweep of the default scenario against the number of processes.
+
+The grid is 10 traffic levels (0.1x to 1.0x) x 10 gpu_seconds headrooms (0.55 to 1.0), one seed each,
+every point running all three policies on the default scenario shortened to `--duration` seconds. Each
+job count runs the whole sweep from scratch in a fresh directory. It prints the wall time, points per
+second, speed-up and parallel efficiency against one process, and the machine's load average at the
+start (other work on the machine slows the parallel runs first).
+Run: `python benchmarks/sweep_scaling.py [--jobs 1,2,4] [--duration 60]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from simadmit.resources import default_scenario
+from simadmit.sweep import parse_param, plan_sweep, run_sweep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default=",".join(str(j) for j in sorted({1, 2, os.cpu_count() or 1})))
+    parser.add_argument("--duration", type=float, default=60.0, help="simulated seconds of traffic per run")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = yaml.safe_load(default_scenario().read_text())
+        doc["workload"]["duration_s"] = args.duration
+        doc["pools"][0]["profile"] = "llama-3.1-8b-h100"
+        scenario = Path(tmp) / "scenario.yaml"
+        scenario.write_text(yaml.safe_dump(doc))
+        params = [
+            parse_param("workload.rate_multiplier=0.1:1.0:10"),
+            parse_param("policies.gpu_seconds.headroom=0.55:1.0:10"),
+        ]
+        plan = plan_sweep(scenario, params)
+        print(f"{len(plan.points)} points x 3 policies, {args.duration:g} s of traffic each; "
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        print(f"{'jobs':>4} {'wall s':>8} {'points/s':>9} {'speed-up':>9} {'efficiency':>10}")
+        base = None
+        for jobs in (int(j) for j in args.jobs.split(",")):
+            started = time.perf_counter()
+            run_sweep(plan, Path(tmp) / f"jobs{jobs}", jobs=jobs)
+            wall = time.perf_counter() - started
+            base = base or wall
+            print(
+                f"{jobs:>4} {wall:>8.1f} {len(plan.points) / wall:>9.2f} {base / wall:>8.2f}x {base / wall / jobs:>10.0%}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,7 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
     for e in error.errors():  # type: ignore[attr-defined]
         loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-"))
         field = ".".join(p for p in (prefix, loc) if p)
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":

@@ -36,3 +36,17 @@ def resolve_profile(ref: str, base: Path) -> Path | None:
         return path
     name = ref if ref.endswith((".yaml", ".yml")) else f"{ref}.yaml"
     return bundled("calibration", Path(name).name)
+
+
+def resolve_trace(ref: str, base: Path) -> Path | None:
+    """A trace reference: a path (relative to the scenario's folder) or a bundled trace name."""
+    from simadmit.errors import InputError
+    from simadmit.traces import bundled_trace
+
+    path = Path(ref) if Path(ref).is_absolute() else base / ref
+    if path.is_file():
+        return path
+    try:
+        return bundled_trace(ref)
+    except InputError:
+        return None

@@ -12,10 +12,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from simadmit.errors import InputError, problem, pydantic_problems
-from simadmit.resources import resolve_profile
+from simadmit.resources import resolve_profile, resolve_trace
 
 
 class _Model(BaseModel):
@@ -45,7 +56,15 @@ class ExponentialSpec(_Model):
 
 class EmpiricalSpec(_Model):
     kind: Literal["empirical"]
-    values: list[float] = Field(min_length=1, description="observed values, resampled with replacement")
+    values: list[float] | None = Field(default=None, min_length=1, description="observed values, resampled")
+    trace: TraceFileSpec | None = Field(default=None, description="or: the lengths of a trace")
+    column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmpiricalSpec:
+        if (self.values is None) == (self.trace is None):
+            raise ValueError("set exactly one of values and trace")
+        return self
 
 
 DistSpec = Annotated[FixedSpec | LogNormalSpec | ExponentialSpec | EmpiricalSpec, Field(discriminator="kind")]
@@ -70,7 +89,88 @@ class MMPPSpec(_Model):
     burst_s: float = Field(gt=0, description="mean duration of a burst")
 
 
-ArrivalSpec = Annotated[PoissonSpec | GammaSpec | MMPPSpec, Field(discriminator="kind")]
+class ProfileArrivalSpec(_Model):
+    kind: Literal["profile"]
+    points: list[tuple[float, float]] = Field(
+        min_length=1, description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains"
+    )
+    cv: float = Field(default=1.0, gt=0, description="burstiness around the curve (1 = Poisson)")
+
+
+class DiurnalSpec(_Model):
+    kind: Literal["diurnal"]
+    amplitude: float = Field(ge=0, le=1, description="factor = 1 + amplitude cos(2 pi (t - peak_s) / period_s)")
+    period_s: float = Field(default=86_400.0, gt=0)
+    peak_s: float = Field(default=0.0, ge=0)
+    cv: float = Field(default=1.0, gt=0)
+
+
+class TraceColumnsSpec(_Model):
+    arrival: str
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = "s"
+    prompt_tokens: str
+    output_tokens: str
+    tier: str | None = None
+
+
+class TraceFileSpec(_Model):
+    path: str = Field(description="trace file (relative to the scenario) or a bundled trace name")
+    format: Literal["azure", "mooncake", "mapped"] = "mapped"
+    columns: TraceColumnsSpec | None = Field(default=None, description="required for format: mapped")
+    start_s: float = Field(default=0.0, ge=0, description="window start, trace seconds from its first request")
+    end_s: float | None = Field(default=None, gt=0, description="window end (null: to the end)")
+    speedup: float = Field(default=1.0, gt=0, description="2 replays twice as fast; multiplied by rate_multiplier")
+    sample: float = Field(default=1.0, gt=0, le=1, description="fraction of requests kept")
+    bucket_jitter: bool = Field(default=False, description="Mooncake: spread a timestamp's batch over its bucket")
+    on_error: Literal["fail", "skip"] = Field(default="fail", description="skip: drop malformed rows, and count them")
+
+    @model_validator(mode="after")
+    def _columns(self) -> TraceFileSpec:
+        if self.format == "mapped" and self.columns is None:
+            raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
+        return self
+
+
+class FitArrivalSpec(_Model):
+    kind: Literal["fit"]
+    trace: TraceFileSpec
+    bin_s: float = Field(default=60.0, gt=0, description="rate curve resolution")
+
+
+ArrivalSpec = Annotated[
+    PoissonSpec | GammaSpec | MMPPSpec | ProfileArrivalSpec | DiurnalSpec | FitArrivalSpec,
+    Field(discriminator="kind"),
+]
+
+
+class LengthRuleSpec(_Model):
+    tier: str
+    column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+    above: int = 0
+    at_most: int | None = None
+
+
+class TraceTiersSpec(_Model):
+    by: Literal["share", "length", "column"] = "share"
+    rules: list[LengthRuleSpec] = Field(default_factory=list, description="by: length; the first match wins")
+    column: str = Field(default="tier", description="by: column")
+    names: dict[str, str] = Field(default_factory=dict, description="by: column; trace value -> tier name")
+    default: str | None = None
+
+
+class MaxTokensSpec(_Model):
+    kind: Literal["fixed", "scaled"]
+    value: int | None = Field(default=None, gt=0, description="fixed: the max_tokens every client sends")
+    factor: float | None = Field(default=None, ge=1, description="scaled: actual output x factor, rounded up")
+    cap: int | None = Field(default=None, gt=0)
+
+
+class TraceReplaySpec(TraceFileSpec):
+    tiers: TraceTiersSpec = TraceTiersSpec()
+    max_tokens: MaxTokensSpec = Field(
+        default=MaxTokensSpec(kind="scaled", factor=1.5),
+        description="what clients send as max_tokens: the estimator sees this, never the true output",
+    )
 
 
 class SLOSpec(_Model):
@@ -80,10 +180,10 @@ class SLOSpec(_Model):
 
 class TierSpec(_Model):
     name: str
-    share: float = Field(gt=0, description="fraction of arrivals (shares are normalised)")
-    prompt_tokens: DistSpec
-    output_tokens: DistSpec = Field(description="actual output length; the gateway never sees it")
-    max_tokens: int = Field(gt=0, description="max_tokens the client sends; caps the output")
+    share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
+    prompt_tokens: DistSpec | None = Field(default=None, description="required unless the workload is a trace")
+    output_tokens: DistSpec | None = Field(default=None, description="actual output; the gateway never sees it")
+    max_tokens: int | None = Field(default=None, gt=0, description="max_tokens the client sends; caps the output")
     deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
     slo: SLOSpec = SLOSpec()
     start_s: float = Field(default=0.0, ge=0, description="the tier sends traffic from this time on")
@@ -92,18 +192,36 @@ class TierSpec(_Model):
 
 class WorkloadSpec(_Model):
     seed: int = 0
-    rate_rps: float = Field(gt=0, description="mean arrival rate of first attempts, requests per second")
-    rate_multiplier: float = Field(default=1.0, gt=0, description="scales rate_rps (2.0 = twice the traffic)")
+    arrival: ArrivalSpec = PoissonSpec(kind="poisson")
+    trace: TraceReplaySpec | None = Field(default=None, description="replay a trace instead of drawing requests")
+    rate_rps: float | None = Field(
+        default=None,
+        gt=0,
+        validate_default=True,
+        description="mean arrival rate of first attempts (a fitted trace's rate if unset)",
+    )
+    rate_multiplier: float = Field(default=1.0, gt=0, description="scales the rate (2.0 = twice the traffic)")
     duration_s: float | None = Field(default=None, gt=0)
     requests: int | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
-    arrival: ArrivalSpec = PoissonSpec(kind="poisson")
     tiers: list[TierSpec] = Field(min_length=1)
+
+    @field_validator("rate_rps")
+    @classmethod
+    def _rate_needed(cls, v: float | None, info: ValidationInfo) -> float | None:
+        synthetic = info.data.get("trace") is None and not isinstance(info.data.get("arrival"), FitArrivalSpec)
+        if v is None and synthetic and "arrival" in info.data:
+            raise PydanticCustomError("missing", "required field is missing")
+        return v
 
     @model_validator(mode="after")
     def _one_length(self) -> WorkloadSpec:
-        if (self.duration_s is None) == (self.requests is None):
-            raise ValueError("set exactly one of duration_s and requests")
+        if self.trace is None:
+            if (self.duration_s is None) == (self.requests is None):
+                raise ValueError("set exactly one of duration_s and requests")
+            for t in self.tiers:
+                if t.prompt_tokens is None or t.output_tokens is None or t.max_tokens is None:
+                    raise ValueError(f"tier {t.name!r} needs prompt_tokens, output_tokens and max_tokens")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
@@ -318,9 +436,38 @@ def scenario_from_dict(
         for i, p in enumerate(spec.pools)
         if resolve_profile(p.profile, base) is None
     ]
+    traces = trace_refs(spec)
+    missing += [
+        problem(source, f"{where}.path", f"trace {t.path!r} not found")
+        for where, t in traces
+        if resolve_trace(t.path, base) is None
+    ]
     if missing:
         raise InputError(missing)
-    return spec
+    if not traces:
+        return spec
+    return ScenarioSpec.model_validate(
+        _apply_overrides(
+            spec.model_dump(),
+            {f"{where}.path": str(resolve_trace(t.path, base)) for where, t in traces},
+        )
+    )
+
+
+def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:
+    """Every trace file the scenario reads, with its field path."""
+    w = spec.workload
+    refs: list[tuple[str, TraceFileSpec]] = []
+    if w.trace is not None:
+        refs.append(("workload.trace", w.trace))
+    if isinstance(w.arrival, FitArrivalSpec):
+        refs.append(("workload.arrival.trace", w.arrival.trace))
+    for i, t in enumerate(w.tiers):
+        for field_name in ("prompt_tokens", "output_tokens"):
+            dist = getattr(t, field_name)
+            if isinstance(dist, EmpiricalSpec) and dist.trace is not None:
+                refs.append((f"workload.tiers.{i}.{field_name}.trace", dist.trace))
+    return refs
 
 
 def variant_spec(spec: ScenarioSpec, variant: VariantSpec) -> ScenarioSpec:
@@ -370,3 +517,6 @@ def _list_index(items: list[object], key: str) -> int | None:
         if isinstance(item, dict) and (item.get("name") == key or (item.get("kind") == key and "name" not in item)):
             return i
     return None
+
+
+EmpiricalSpec.model_rebuild()

@@ -31,7 +31,7 @@ def _pct(x: np.ndarray, q: float) -> float:
 
 
 def tier_measures(
-    req: pd.DataFrame, window: tuple[float, float], util: float, gpus: int, ttft_slo: float, e2e_slo: float
+    req: pd.DataFrame, window: tuple[float, float], util: float, gpu_s: float, ttft_slo: float, e2e_slo: float
 ) -> dict:
     """The measures of one group of requests (a tier, or all) that arrived in the measurement window.
 
@@ -67,7 +67,7 @@ def tier_measures(
         "queue_wait_mean_s": float(wait.mean()) if len(wait) else math.nan,
         "queue_wait_p99_s": _pct(wait, 99),
         "utilization": util,
-        "work_utilization": float(done_in_window["true_cost_gpu_s"].sum()) / (gpus * window_s),
+        "work_utilization": float(done_in_window["true_cost_gpu_s"].sum()) / gpu_s,
         "goodput_rps": good / window_s,
         "slo_attainment": good / n if n else math.nan,
         "offered_rps": n / window_s,
@@ -92,7 +92,7 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
     start, end = measurement_window(workload, world)
     req = req[req["arrival_s"] >= start]
     window = end - start
-    all_gpus = sum(cfg.replicas * cfg.gpus_per_replica for cfg in world.pools)
+    gpu_s = [_gpu_seconds(result, cfg.gpus_per_replica, p, start, end) for p, cfg in enumerate(world.pools)]
     out = {}
     for t, name in enumerate(world.tier_names):
         pool = next(p for p, cfg in enumerate(world.pools) if t in cfg.tiers)
@@ -101,12 +101,12 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
             req[req["tier"] == name],
             (start, end),
             utilization(result, world, start, end, pool),
-            cfg.replicas * cfg.gpus_per_replica,
+            gpu_s[pool],
             world.tier_ttft_slo[t],
             world.tier_e2e_slo[t],
         )
     everything = tier_measures(
-        req, (start, end), utilization(result, world, start, end), all_gpus, math.inf, math.inf
+        req, (start, end), utilization(result, world, start, end), sum(gpu_s), math.inf, math.inf
     )
     tiers = out.values()
     everything["goodput_rps"] = sum(m["goodput_rps"] for m in tiers)
@@ -126,6 +126,12 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
             "replicas_max": float(serving.max()),
         }
     return out
+
+
+def _gpu_seconds(result: RunResult, gpus_per_replica: int, pool: int, start: float, end: float) -> float:
+    """GPU-seconds a pool's serving replicas offered in [start, end]."""
+    alive = sum(max(0.0, min(end, b) - max(start, a)) for a, b in result.lifetimes[pool])
+    return alive * gpus_per_replica
 
 
 def _true_cost(req: pd.DataFrame, world: World) -> np.ndarray:

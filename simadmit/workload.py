@@ -11,15 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simadmit import arrivals, distributions
+from simadmit import arrivals, distributions, traffic
 from simadmit.scenario import (
     DistSpec,
     EmpiricalSpec,
     ExponentialSpec,
     FixedSpec,
-    GammaSpec,
     LogNormalSpec,
-    MMPPSpec,
     WorkloadSpec,
 )
 
@@ -49,16 +47,10 @@ def distribution(spec: DistSpec) -> distributions.Distribution:
     if isinstance(spec, ExponentialSpec):
         return distributions.Exponential(spec.mean)
     assert isinstance(spec, EmpiricalSpec)
+    if spec.trace is not None:
+        return distributions.Empirical(traffic.trace_lengths(spec.trace, spec.column))
+    assert spec.values is not None
     return distributions.Empirical(tuple(spec.values))
-
-
-def arrival_process(spec: WorkloadSpec) -> arrivals.ArrivalProcess:
-    a = spec.arrival
-    if isinstance(a, GammaSpec):
-        return arrivals.GammaRenewal(a.cv)
-    if isinstance(a, MMPPSpec):
-        return arrivals.MMPP2(a.burst_factor, a.calm_s, a.burst_s)
-    return arrivals.Poisson()
 
 
 def assign_tiers(spec: WorkloadSpec, arrival: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -80,9 +72,14 @@ def assign_tiers(spec: WorkloadSpec, arrival: np.ndarray, rng: np.random.Generat
 def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     """Draw the requests of one replication (seed defaults to the scenario's)."""
     seed = spec.seed if seed is None else seed
-    rate = spec.rate_rps * spec.rate_multiplier
+    names = tuple(t.name for t in spec.tiers)
+    if spec.trace is not None:
+        arrival, tier, prompt, output, max_tokens = traffic.replay(spec, seed)
+        deadline = arrival + np.array([t.deadline_s or np.inf for t in spec.tiers])[tier]
+        return Workload(names, arrival, tier, prompt, np.minimum(output, max_tokens), max_tokens, deadline)
+    process, rate = traffic.arrival_process(spec)
     arrival = arrivals.arrival_times(
-        arrival_process(spec), np.random.default_rng([seed, 0]), rate, spec.duration_s, spec.requests
+        process, np.random.default_rng([seed, 0]), rate * spec.rate_multiplier, spec.duration_s, spec.requests
     )
     tier = assign_tiers(spec, arrival, np.random.default_rng([seed, 1]))
     arrival, tier = arrival[tier >= 0], tier[tier >= 0]  # no tier sends at that time
@@ -92,6 +89,7 @@ def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     max_tokens = np.zeros(n, dtype=np.int64)
     deadline = np.full(n, np.inf)
     for i, t in enumerate(spec.tiers):
+        assert t.prompt_tokens is not None and t.output_tokens is not None and t.max_tokens is not None
         idx = np.flatnonzero(tier == i)
         rng = np.random.default_rng([seed, 2, i])
         prompt[idx] = distributions.sample_tokens(distribution(t.prompt_tokens), rng, len(idx))
@@ -100,4 +98,4 @@ def generate(spec: WorkloadSpec, seed: int | None = None) -> Workload:
         max_tokens[idx] = t.max_tokens
         if t.deadline_s is not None:
             deadline[idx] = arrival[idx] + t.deadline_s
-    return Workload(tuple(t.name for t in spec.tiers), arrival, tier, prompt, output, max_tokens, deadline)
+    return Workload(names, arrival, tier, prompt, output, max_tokens, deadline)

@@ -60,3 +60,33 @@ def test_support_copilot_baseline_is_fast(multiplier: float) -> None:
     s = study("support_copilot.yaml", **{"workload.rate_multiplier": multiplier, "workload.duration_s": 240}).summary
     assert 0.5 < s["unconditional"]["interactive"]["e2e_p50_s"] < 1.2
     assert s["gpu_seconds"]["interactive"]["rejection_rate"] < 0.01
+
+
+def test_azure_replay_tail_leaves_the_slo_as_traffic_grows() -> None:
+    s = study("azure_replay.yaml").summary
+    assert s["x3/unconditional"]["conversation"]["ttft_p99_s"] > 20 * s["x1/unconditional"]["conversation"]["ttft_p99_s"]
+    assert s["x3/gpu_seconds"]["conversation"]["ttft_p99_s"] < 6.0
+    assert s["x1/unconditional"]["conversation"]["requests"] > 1800
+
+
+def test_mooncake_long_context_is_kv_bound() -> None:
+    r = study("mooncake_long_context.yaml")
+    s = r.summary
+    wait = {v: s[f"{v}/unconditional"]["chat"]["queue_wait_mean_s"] for v in ("base", "more_kv", "more_compute")}
+    assert wait["more_kv"] < wait["base"] / 3
+    assert wait["more_kv"] < wait["more_compute"]
+    preemptions = r.requests.groupby("policy")["preemptions"].mean()
+    assert preemptions["base/unconditional"] > 2 * preemptions["more_kv/unconditional"]
+
+
+def test_autoscaling_on_gpu_utilization_never_scales_down() -> None:
+    """Busy fraction reads ~100% at any load, so the utilization HPA climbs to max and stays through the
+    drain; the queue-wait HPA follows demand and pays for fewer replicas."""
+    r = study("autoscaling_ramp.yaml")
+    s = r.summary
+    assert s["gpu_util/gpu_seconds"]["pool:llama-8b"]["replicas_mean"] > s["queue_wait/gpu_seconds"]["pool:llama-8b"]["replicas_mean"]
+    ts = r.timeseries
+    drained = ts[(ts["t_s"] >= 1300) & (ts["t_s"] < 1500)]
+    assert (drained.loc[drained["policy"] == "gpu_util/gpu_seconds", "replicas"] == 12).all()
+    early = ts[(ts["t_s"] < 60) & (ts["policy"] == "queue_wait/gpu_seconds")]
+    assert (early["replicas"] == 2).all()  # nothing serves before the first scale-up's cold start ends

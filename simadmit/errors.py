@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import yaml
+
 
 class InputError(Exception):
     """Bad user input (scenario, profile, trace, endpoint); `problems` holds one line per problem."""
@@ -36,3 +38,16 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = "required field is missing"
         lines.append(problem(source, field or None, msg))
     return lines
+
+
+def read_yaml(path: str | Path, what: str) -> object:
+    """Parse a YAML file, or raise `InputError`: "<what> file not found", or the line that is not YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError([problem(path, None, f"{what} file not found")])
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simadmit.errors import InputError, problem, pydantic_problems
+from simadmit.errors import InputError, problem, pydantic_problems, read_yaml
 
 
 class _StepTimeModel(BaseModel):
@@ -168,14 +168,7 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a calibration profile YAML file."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError([problem(path, None, "calibration profile file not found")])
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+    data = read_yaml(path, "calibration profile")
     return profile_from_dict(data, path)
 
 

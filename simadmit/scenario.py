@@ -11,7 +11,6 @@ import copy
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from simadmit.errors import InputError, problem, pydantic_problems
+from simadmit.errors import InputError, problem, pydantic_problems, read_yaml
 from simadmit.resources import resolve_profile, resolve_trace
 
 
@@ -403,14 +402,7 @@ def policy_name(spec: UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec) -> st
 def load_scenario(path: str | Path, overrides: dict[str, object] | None = None) -> tuple[ScenarioSpec, Path]:
     """Read, validate and return a scenario with the directory its relative paths are resolved against."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError([problem(path, None, "scenario file not found")])
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+    data = read_yaml(path, "scenario")
     if not isinstance(data, dict):
         raise InputError([problem(path, None, "a scenario must be a YAML mapping")])
     return scenario_from_dict(data, path, overrides), path.parent

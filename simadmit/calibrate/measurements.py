@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from simadmit.errors import InputError, problem
 
@@ -91,7 +91,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     return rows
 
 
-def _parse(column: str, text: str | None) -> object:
+def _parse(column: str, text: str | None) -> Any:
     kind = _TYPES[column]
     if text is None:
         raise ValueError(column)

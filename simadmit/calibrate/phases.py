@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -98,6 +98,16 @@ class RunStats:
     faults: Counter[str] = field(default_factory=Counter)
     gave_up: int = 0
     consecutive_failures: int = 0
+    busy_s: defaultdict[str, float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # per cell: request time
+    wall_s: defaultdict[str, float] = field(
+        default_factory=lambda: defaultdict(float)
+    )  # per cell: time it ran
+
+    def concurrency_held(self) -> dict[str, float]:
+        """Mean requests in flight per cell (time-weighted): equals the target but for the drain at its end."""
+        return {k: round(self.busy_s[k] / w, 3) for k, w in self.wall_s.items() if w > 0}
 
 
 class EndpointLost(Exception):
@@ -153,7 +163,9 @@ class Runner:
                 await self._measure(cell, seq, prompt_tokens)
                 on_request()
 
+        started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
+        self.stats.wall_s[cell.label] += time.perf_counter() - started
 
     async def _measure(self, cell: Cell, seq: int, prompt_tokens: int) -> None:
         """One request with bounded retries (a fresh prompt each time, so no attempt hits the prefix cache)."""
@@ -169,6 +181,7 @@ class Runner:
                     [problem(None, "--endpoint", f"the server rejected a {prompt_tokens}-token request: {e}")]
                 ) from None
             self._overhead.record(a.client_busy_s)
+            self.stats.busy_s[cell.label] += a.e2e_s
             self._log.append(
                 Measurement(
                     phase=cell.phase,

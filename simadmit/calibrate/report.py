@@ -59,6 +59,9 @@ def print_calibration(result: Calibration, console: Console) -> None:
         f"client overhead: {o['cpu_share_of_one_core']:.1%} of one core, {o['handling_ms_per_request']:.2f} ms "
         f"per request, event-loop lag p50 {o['loop_lag_p50_ms']:.2f} ms / p99 {o['loop_lag_p99_ms']:.2f} ms"
     )
+    held = p.fit.get("concurrency_held", {})
+    assert isinstance(held, dict)
+    console.print("requests in flight, time-weighted: " + ", ".join(f"{k}: {v:g}" for k, v in held.items()))
     for w in p.warnings:
         console.print(f"[bold yellow]WARNING: {w}[/]")
     console.print(f"wrote {result.measurements} and the profile")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
@@ -151,7 +151,7 @@ async def _run_with_progress(
             started = time.perf_counter()
             count = 0
 
-            def tick(task: int = task) -> None:
+            def tick(task: TaskID = task) -> None:
                 nonlocal count
                 count += 1
                 progress.update(task, requests=count)
@@ -250,6 +250,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         "faults_retried": faults,
         "requests_given_up": runner.stats.gave_up,
         "client_overhead": overhead.report(),
+        "concurrency_held": runner.stats.concurrency_held(),
         "measurements": csv_path.name,
     }
     profile = build_profile(cfg, endpoint, cache, fit, warnings, extra)

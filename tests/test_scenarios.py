@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from simadmit.runner import ScenarioResult, run_study
 from simadmit.scenario import load_scenario
 
@@ -55,11 +53,16 @@ def test_stale_gateways_overshoot_and_headroom_lowers_the_peak() -> None:
     assert some < none
 
 
-@pytest.mark.parametrize("multiplier", [1.0])
-def test_support_copilot_baseline_is_fast(multiplier: float) -> None:
-    s = study("support_copilot.yaml", **{"workload.rate_multiplier": multiplier, "workload.duration_s": 240}).summary
-    assert 0.5 < s["unconditional"]["interactive"]["e2e_p50_s"] < 1.2
-    assert s["gpu_seconds"]["interactive"]["rejection_rate"] < 0.01
+def test_support_copilot_story() -> None:
+    """~800 ms today; at 3x the median still looks fine while p99 reaches tens of seconds without admission
+    control, and stays bounded with it."""
+    today = study("support_copilot.yaml", **{"workload.rate_multiplier": 1.0}).summary
+    assert 0.5 < today["unconditional"]["interactive"]["e2e_p50_s"] < 1.2
+    assert today["gpu_seconds"]["interactive"]["rejection_rate"] < 0.01
+    s = study("support_copilot.yaml").summary
+    assert s["unconditional"]["interactive"]["ttft_p50_s"] < 2.0
+    assert s["unconditional"]["interactive"]["ttft_p99_s"] > 20.0
+    assert s["gpu_seconds"]["interactive"]["ttft_p99_s"] < 6.0
 
 
 def test_azure_replay_tail_leaves_the_slo_as_traffic_grows() -> None:

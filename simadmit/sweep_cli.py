@@ -223,14 +223,15 @@ def _print_results(
             measure = parse_slo(text).measure
             console.print(f"  {text}: margin {_fmt(measure, margin)} at the worst load")
         throughput = b.summaries[min(b.summaries, key=lambda x: abs(x - 1.0))]["all"]["throughput_rps"]
-        cost = (
-            1 - throughput / r.unconditional_throughput_rps
-            if r.unconditional_throughput_rps > 0
-            else math.nan
+        ref = r.unconditional_throughput_rps
+        cost = 1 - throughput / ref if ref > 0 else math.nan
+        effect = (
+            f"costs {_fmt('rejection_rate', cost)}"
+            if not cost < 0
+            else f"gains {_fmt('rejection_rate', -cost)}"
         )
         console.print(
-            f"  throughput {throughput:.2f} req/s vs unconditional {r.unconditional_throughput_rps:.2f} req/s "
-            f"with the same pool: costs {_fmt('rejection_rate', cost)}"
+            f"  throughput {throughput:.2f} req/s vs unconditional {ref:.2f} req/s with the same pool: {effect}"
         )
     feasible = [r for r in results if r.best.feasible]
     total = sum(r.simulations for r in results)
@@ -240,6 +241,9 @@ def _print_results(
         console.print(f"\n[bold]best: {win.policy}[/bold] ({total} simulations in {elapsed:.1f} s)")
     else:
         console.print(f"\n[red]no policy meets every SLO[/red] ({total} simulations in {elapsed:.1f} s)")
+        console.print(
+            "more GPUs (--objective goodput_per_gpu also searches replicas) or looser SLOs are needed"
+        )
 
 
 def plot(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,9 +275,7 @@ def _start(document: dict, source: Path, dim: Dimension) -> float:
     return float(round(value)) if dim.integer else value
 
 
-def search_policy(
-    search: Search, dims: list[Dimension], on_round: Callable[[int], None] | None = None
-) -> Evaluation:
+def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
     """Coordinate-wise search on a shrinking grid; returns the best evaluation seen."""
     current = {d.path: _start(search.document, search.source, d) for d in dims}
     ranges = {d.path: (d.lo, d.hi) for d in dims}
@@ -298,8 +295,6 @@ def search_policy(
             current = {path: float(v) for path, v in winner.setting}
             half = (hi - lo) / 4
             ranges[d.path] = (max(d.lo, current[d.path] - half), min(d.hi, current[d.path] + half))
-        if on_round is not None:
-            on_round(r + 1)
     return best
 
 
@@ -374,7 +369,9 @@ def utilization_targets(
         pool = util.loc[list(zip(group["point"], group["policy"], strict=True))]
         u = pool["work_utilization"].to_numpy()
         u_ci = pool.get("work_utilization_ci95", pd.Series(math.nan, index=pool.index)).to_numpy()
-        excess = np.maximum(group["ttft_p99_s"] / slo["ttft_s"], group["e2e_p99_s"] / slo["e2e_s"]).to_numpy()
+        excess = np.maximum(
+            group["ttft_p99_s"].to_numpy() / slo["ttft_s"], group["e2e_p99_s"].to_numpy() / slo["e2e_s"]
+        )
         inside = excess <= 1
         out = np.flatnonzero(~inside)
         row: dict[str, object] = {"policy": policy, **settings}

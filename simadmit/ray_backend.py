@@ -23,8 +23,10 @@ def ray_backend(address: str | None = None) -> Backend:
         except ImportError:
             raise InputError(["--backend ray: Ray is not installed (pip install 'simadmit[ray]')"]) from None
         if not ray.is_initialized():
-            local = {"num_cpus": max(jobs, 1), "include_dashboard": False} if address is None else {}
-            ray.init(address=address, log_to_driver=False, **local)
+            if address is None:
+                ray.init(num_cpus=max(jobs, 1), include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
         remote = ray.remote(fn)
         pending = {remote.remote(*a): i for i, a in enumerate(args)}
         try:

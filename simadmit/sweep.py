@@ -5,14 +5,15 @@ A parameter is a dotted path into the scenario YAML (`workload.rate_multiplier`,
 validated before anything runs. The unit of work is one (point, seed) pair: one replication of every
 policy of the scenario on the same generated workload, exactly what `run_scenario` does for that seed.
 Each finished unit is saved at once to `DIR/points/<key>.json` (written to a temporary file, then renamed,
-so an interruption never leaves half a result), keyed by a digest of the scenario document, the point's
-parameters and the seed. Running the same sweep again skips saved units, so an interrupted sweep resumes
+so an interruption never leaves half a result), keyed by a digest of the scenario document (and of the
+profile and trace files it reads), the point's parameters and the seed. Running the same sweep again skips saved units, so an interrupted sweep resumes
 where it stopped, and raising `--replications` reuses the seeds already run.
 
 The result is one tidy table, one row per point x policy x tier, with every summary measure, its 95%
 confidence half-width across replications (`<measure>_ci95`) and the scenario's nominal arrival rate for
-the group (`arrival_rate_rps`: noise-free, so it orders points along the load axis). Groups of the summary
-that are not tiers (per-pool figures) get their own rows, with NaN for the measures they lack.
+the group (`arrival_rate_rps`: noise-free, so it orders points along the load axis; the measured rate for a
+trace replayed at its own pace). Groups of the summary that are not tiers (per-pool figures) get their own
+rows, with NaN for the measures they lack.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import yaml
 
 from simadmit import summary
 from simadmit.errors import InputError, problem
+from simadmit.resources import resolve_profile, resolve_trace
 from simadmit.runner import run_scenario
-from simadmit.scenario import ScenarioSpec, load_scenario, scenario_from_dict
+from simadmit.scenario import ScenarioSpec, load_scenario, scenario_from_dict, trace_refs
 from simadmit.world import build_world
 
 _RANGE = re.compile(r"^\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*:\s*(\d+)\s*$")
@@ -69,11 +71,11 @@ class SweepPlan:
     points: tuple[tuple[tuple[str, object], ...], ...]
     seeds: tuple[tuple[int, ...], ...]  # per point: seed, seed + 1, ... (one per replication)
     tier_slo: dict[str, dict[str, float]]  # tier -> {"ttft_s": ..., "e2e_s": ...} of the base scenario
+    inputs: str  # digest of the document and of the files it reads
 
     def units(self) -> list[Unit]:
-        digest = _digest(self.document)
         return [
-            Unit(i, point, s, _digest([digest, [list(kv) for kv in point], s]))
+            Unit(i, point, s, _digest([self.inputs, [list(kv) for kv in point], s]))
             for i, point in enumerate(self.points)
             for s in self.seeds[i]
         ]
@@ -81,6 +83,17 @@ class SweepPlan:
 
 def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _inputs_digest(document: dict[str, object], spec: ScenarioSpec, base: Path) -> str:
+    """What every result depends on besides its point and seed: the document and the files it reads."""
+    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode())
+    files = [resolve_profile(p.profile, base) for p in spec.pools]
+    files += [resolve_trace(t.path, base) for _, t in trace_refs(spec)]
+    for f in files:
+        if f is not None:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:24]
 
 
 def _tidy(value: float) -> float | int:
@@ -126,7 +139,7 @@ def plan_sweep(
     scenario: str | Path, params: list[Param], replications: int = 1, seed: int | None = None
 ) -> SweepPlan:
     """Validate the scenario and every grid point before anything runs; one problem per line."""
-    base_spec, _ = load_scenario(scenario, None)
+    base_spec, base = load_scenario(scenario, None)
     source = Path(scenario)
     document = yaml.safe_load(source.read_text())
     paths = [p.path for p in params]
@@ -156,12 +169,14 @@ def plan_sweep(
         more = [f"... and {len(unique) - _MAX_PROBLEMS} more"] if len(unique) > _MAX_PROBLEMS else []
         raise InputError(unique[:_MAX_PROBLEMS] + more)
     tier_slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in base_spec.workload.tiers}
-    return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo)
+    inputs = _inputs_digest(document, base_spec, base)
+    return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo, inputs)
 
 
 def arrival_rates(spec: ScenarioSpec) -> dict[str, float]:
-    """Mean arrival rate of first attempts, per tier and for "all"."""
-    rate = spec.workload.rate_rps * spec.workload.rate_multiplier
+    """Nominal mean arrival rate of first attempts, per tier and for "all" (NaN for a trace's own rate)."""
+    nominal = spec.workload.rate_rps
+    rate = math.nan if nominal is None else nominal * spec.workload.rate_multiplier
     total = sum(t.share for t in spec.workload.tiers)
     return {**{t.name: rate * t.share / total for t in spec.workload.tiers}, "all": rate}
 
@@ -272,11 +287,18 @@ def assemble(plan: SweepPlan, store: PointStore) -> pd.DataFrame:
                         "tier": tier,
                         "seed": plan.seeds[i][0],
                         "replications": len(records),
-                        "arrival_rate_rps": records[0]["arrival_rate_rps"].get(tier, math.nan),
                         **measures,
+                        "arrival_rate_rps": _rate(
+                            records[0]["arrival_rate_rps"].get(tier, math.nan), measures
+                        ),
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def _rate(nominal: float, measures: dict) -> float:
+    """The nominal arrival rate, or the measured one where the scenario has none (a trace at its own pace)."""
+    return nominal if math.isfinite(nominal) else float(measures.get("offered_rps", math.nan))
 
 
 def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path) -> None:
@@ -303,7 +325,7 @@ def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFra
     values are identical runs, and only the first is kept.
     """
     params = [c for c in table.columns if "." in c and c not in LOAD_AXES and not c.endswith("_ci95")]
-    out = []
+    out: list[tuple[str, dict[str, object], pd.DataFrame]] = []
     for policy, rows in table.groupby("policy", sort=False):
         mine = [p for p in params if not p.startswith("policies.") or p.split(".")[1] == policy]
         for p in params:

@@ -109,8 +109,10 @@ def sweep(
         except KeyboardInterrupt:
             bar.stop()
             done = int(bar.tasks[0].completed)
-            fail([f"interrupted: {done} of {units} runs are saved in {out}/; run the same command to resume"])
-            return
+            Console(stderr=True).print(
+                f"interrupted: {done} of {units} runs are saved in {out}/; run the same command to resume"
+            )
+            raise typer.Exit(130) from None
         except InputError as e:
             fail(e.problems)
             return

@@ -3,8 +3,9 @@
 The grid is 10 traffic levels (0.1x to 1.0x) x 10 gpu_seconds headrooms (0.55 to 1.0), one seed each,
 every point running all three policies on the default scenario shortened to `--duration` seconds. Each
 job count runs the whole sweep from scratch in a fresh directory. It prints the wall time, points per
-second, speed-up and parallel efficiency against one process, and the machine's load average at the
-start (other work on the machine slows the parallel runs first).
+second, speed-up and parallel efficiency against one process, the CPU-seconds spent (this process and its
+workers: constant when parallelism adds no overhead), and the machine's load average before each run, since
+other work on the machine takes the cores the parallel runs need first.
 Run: `python benchmarks/sweep_scaling.py [--jobs 1,2,4] [--duration 60]`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +22,12 @@ import yaml
 
 from simadmit.resources import default_scenario
 from simadmit.sweep import parse_param, plan_sweep, run_sweep
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and of its finished workers."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
 
 
 def main() -> None:
@@ -33,22 +41,24 @@ def main() -> None:
         doc["pools"][0]["profile"] = "llama-3.1-8b-h100"
         scenario = Path(tmp) / "scenario.yaml"
         scenario.write_text(yaml.safe_dump(doc))
-        params = [
-            parse_param("workload.rate_multiplier=0.1:1.0:10"),
-            parse_param("policies.gpu_seconds.headroom=0.55:1.0:10"),
-        ]
-        plan = plan_sweep(scenario, params)
-        print(f"{len(plan.points)} points x 3 policies, {args.duration:g} s of traffic each; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-        print(f"{'jobs':>4} {'wall s':>8} {'points/s':>9} {'speed-up':>9} {'efficiency':>10}")
+        grid = ["workload.rate_multiplier=0.1:1.0:10", "policies.gpu_seconds.headroom=0.55:1.0:10"]
+        plan = plan_sweep(scenario, [parse_param(p) for p in grid])
+        print(
+            f"{len(plan.points)} points x 3 policies, {args.duration:g} s of traffic each; {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'jobs':>4} {'wall s':>8} {'points/s':>9} {'speed-up':>9} {'efficiency':>10} {'CPU s':>7} {'load':>5}"
+        )
         base = None
         for jobs in (int(j) for j in args.jobs.split(",")):
-            started = time.perf_counter()
+            load = os.getloadavg()[0]
+            cpu, started = cpu_seconds(), time.perf_counter()
             run_sweep(plan, Path(tmp) / f"jobs{jobs}", jobs=jobs)
-            wall = time.perf_counter() - started
+            wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
             base = base or wall
             print(
-                f"{jobs:>4} {wall:>8.1f} {len(plan.points) / wall:>9.2f} {base / wall:>8.2f}x {base / wall / jobs:>10.0%}"
+                f"{jobs:>4} {wall:>8.1f} {len(plan.points) / wall:>9.2f} {base / wall:>8.2f}x "
+                f"{base / wall / jobs:>10.0%} {cpu:>7.1f} {load:>5.2f}"
             )
 
 

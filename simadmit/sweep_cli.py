@@ -164,6 +164,7 @@ def optimize_cmd(
     replications: Annotated[int, typer.Option(min=1, help="seeds per setting and load")] = 1,
     seed: Annotated[int | None, typer.Option(help="first seed (default: the scenario's)")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="refinement rounds")] = 3,
+    candidates: Annotated[int, typer.Option(min=2, help="values tried per dimension and round")] = 5,
     jobs: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = os.cpu_count() or 1,
     backend: Annotated[BackendName, typer.Option(help="process (this machine) or ray")] = BackendName.process,
     address: Annotated[
@@ -195,7 +196,7 @@ def optimize_cmd(
     if problems:
         fail(problems)
         return
-    config = SearchConfig(load_values, replications, seed, rounds, jobs=jobs)
+    config = SearchConfig(load_values, replications, seed, rounds, candidates, jobs)
     path = scenario or default_scenario()
     started = time.monotonic()
     try:

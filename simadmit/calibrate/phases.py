@@ -119,6 +119,7 @@ class RunnerSettings:
     max_retries: int = 3  # per request, after the first attempt
     request_timeout_s: float = 300.0
     give_up_after_failures: int = 20  # in a row, across all workers
+    backoff_s: float = 0.25  # before retry k: backoff_s * 2^k, at most 5 s
 
 
 class Runner:
@@ -215,7 +216,7 @@ class Runner:
                 raise EndpointLost(
                     f"{self.stats.consecutive_failures} failed requests in a row (last: {a.status})"
                 )
-            await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
+            await asyncio.sleep(min(5.0, s.backoff_s * 2**attempt))
         self.stats.gave_up += 1
 
 

@@ -1,0 +1,107 @@
+"""Faults during a calibration: 5xx, dropped streams and time-outs are retried, counted and logged; the run
+goes on; a wrong request (4xx) or an endpoint that keeps failing stops it with what was measured kept.
+
+The server here is an in-process httpx transport that answers like vLLM's completions stream, scripted to
+fail in a given order, so each fault happens exactly when the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from simadmit.calibrate.client import Endpoint
+from simadmit.calibrate.measurements import MeasurementLog, read_measurements
+from simadmit.calibrate.overhead import OverheadMonitor
+from simadmit.calibrate.phases import Cell, EndpointLost, Runner, RunnerSettings
+from simadmit.calibrate.prompts import PromptMaker
+from simadmit.errors import InputError
+
+ENDPOINT = Endpoint("http://fake", "m", 2048, "test")
+SETTINGS = RunnerSettings(max_retries=3, request_timeout_s=0.3, give_up_after_failures=20, backoff_s=0.001)
+CELL = Cell("decode", 1, (4,), 3, budget_s=0.0, min_requests=1)
+
+
+async def _events(tokens: int, complete: bool) -> AsyncIterator[bytes]:
+    for i in range(tokens):
+        chunk = {"choices": [{"index": 0, "text": f" t{i}\u2028", "finish_reason": None}]}
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+        await asyncio.sleep(0.001)
+    if complete:
+        usage = {"prompt_tokens": 4, "completion_tokens": tokens, "total_tokens": 4 + tokens}
+        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
+
+
+def scripted(script: list[str]) -> Callable[[httpx.Request], object]:
+    """A handler answering the n-th completion per script[n]: ok, 503, drop, hang or 400."""
+    calls = iter(script)
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        kind = next(calls)
+        if kind == "503":
+            return httpx.Response(503, text="overloaded")
+        if kind == "400":
+            return httpx.Response(400, text="prompt too long")
+        if kind == "hang":
+            await asyncio.sleep(5)
+        return httpx.Response(200, content=_events(body["max_tokens"], complete=kind == "ok"))
+
+    return handler
+
+
+async def run(script: list[str], path: Path, cells: list[Cell]) -> Runner:
+    """Run the cells against the scripted server, logging to `path`."""
+    async with httpx.AsyncClient(transport=httpx.MockTransport(scripted(script))) as client:
+        with MeasurementLog(path) as log:
+            prompts = PromptMaker(list(range(100, 200)), random.Random(0))
+            runner = Runner(client, ENDPOINT, prompts, log, [], OverheadMonitor(), SETTINGS)
+            for cell in cells:
+                await runner.run_cell(cell)
+    return runner
+
+
+def test_each_fault_is_retried_counted_and_logged(tmp_path: Path) -> None:
+    """503, a stream cut before [DONE], a hang past the time-out, then success: four rows for one request,
+    the faults counted by kind, and the final row a clean measurement of three tokens."""
+    path = tmp_path / "m.csv"
+    runner = asyncio.run(run(["503", "drop", "hang", "ok"], path, [CELL]))
+    rows = read_measurements(path)
+    assert [(r.seq, r.attempt, r.status) for r in rows] == [
+        (0, 1, "http_503"),
+        (0, 2, "dropped"),
+        (0, 3, "timeout"),
+        (0, 4, "ok"),
+    ]
+    assert dict(runner.stats.faults) == {"http_503": 1, "dropped": 1, "timeout": 1}
+    assert (runner.stats.completed, runner.stats.gave_up) == (1, 0)
+    ok = rows[-1]
+    assert (ok.prompt_tokens, ok.output_tokens, ok.n_chunks) == (4, 3, 3)
+    assert 0 < ok.ttft_s <= ok.e2e_s
+
+
+def test_a_request_that_keeps_failing_is_given_up_and_the_run_goes_on(tmp_path: Path) -> None:
+    """After 1 + max_retries failed attempts the request is abandoned and the next cell still runs."""
+    path = tmp_path / "m.csv"
+    runner = asyncio.run(run(["503"] * 4 + ["ok"], path, [CELL, Cell("decode", 2, (4,), 3, 0.0, 1)]))
+    assert runner.stats.gave_up == 1 and runner.stats.completed == 1
+    assert [r.status for r in read_measurements(path)] == ["http_503"] * 4 + ["ok"]
+
+
+def test_an_endpoint_that_keeps_failing_stops_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    cells = [Cell("decode", 1, (4,), 3, 0.0, 10)]
+    with pytest.raises(EndpointLost):
+        asyncio.run(run(["503"] * 25, path, cells))
+    assert len(read_measurements(path)) == SETTINGS.give_up_after_failures  # all kept
+
+
+def test_a_rejected_request_is_the_users_problem(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="HTTP 400: prompt too long"):
+        asyncio.run(run(["400"], tmp_path / "m.csv", [CELL]))

@@ -178,9 +178,6 @@ class FitResult:
     r2: float
     phases: dict[str, PhaseFit]
 
-    def predict(self, obs: Observation) -> float:
-        return float(np.dot(obs.features(), self.coefficients()))
-
     def coefficients(self) -> tuple[float, float, float, float, float]:
         s = self.step
         return (

@@ -28,11 +28,6 @@ class PromptMaker:
         self._rng = rng
         self._tokens_per_word = 1.3  # a first guess, corrected by `observe`
 
-    @property
-    def exact(self) -> bool:
-        """True when prompts are token ids, so their length is exact by construction."""
-        return self._pool is not None
-
     def make(self, tokens: int) -> list[int] | str:
         if self._pool is not None:
             return self._rng.choices(self._pool, k=tokens)

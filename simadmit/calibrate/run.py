@@ -103,7 +103,7 @@ async def _run_plan(
     endpoint: Endpoint,
     cache: CacheConfig,
     console: Console,
-) -> tuple[Runner, dict[str, dict[str, float]], OverheadMonitor]:
+) -> tuple[Runner, MetricsSampler, OverheadMonitor]:
     csv_path = measurements_path(cfg.out)
     history = _history(cfg, csv_path, endpoint)
     pool = await tokenize(client, endpoint, SAMPLE_TEXT)
@@ -124,7 +124,7 @@ async def _run_plan(
         finally:
             await sampler.stop()
             await overhead.stop()
-    return runner, sampler.summary(), overhead
+    return runner, sampler, overhead
 
 
 async def _run_with_progress(
@@ -233,7 +233,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
             f"endpoint {endpoint.base_url}: model {endpoint.model}, context {endpoint.max_model_len} tokens, "
             f"KV cache {cache.capacity_tokens} tokens ({cache.num_blocks} blocks x {cache.block_size}), vLLM {endpoint.vllm_version}"
         )
-        runner, server_metrics, overhead = await _run_plan(cfg, client, endpoint, cache, console)
+        runner, sampler, overhead = await _run_plan(cfg, client, endpoint, cache, console)
     csv_path = measurements_path(cfg.out)
     rows = read_measurements(csv_path)
     obs, discarded = observations(rows, cfg.max_num_batched_tokens)
@@ -246,7 +246,8 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     extra = {
         "discarded_as_burst_delivery": discarded,
         "measured": _measured_figures(rows, cells, cfg.gpus),
-        "server_metrics": server_metrics,
+        "server_metrics": sampler.summary(),
+        "metrics_polls_failed": sampler.failed_polls,
         "faults_retried": faults,
         "requests_given_up": runner.stats.gave_up,
         "client_overhead": overhead.report(),

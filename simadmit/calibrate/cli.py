@@ -81,7 +81,10 @@ def calibrate_command(
     gpu_name: Annotated[
         str, typer.Option(help="accelerator name recorded in the profile, e.g. H100-80GB-SXM")
     ] = "unknown",
-    budget: Annotated[str, typer.Option(help="time budget of the load test, e.g. 10m")] = "10m",
+    budget: Annotated[
+        str,
+        typer.Option(help="time budget of the measurements, e.g. 10m (the default leaves room for drains)"),
+    ] = "8m",
     max_concurrency: Annotated[int, typer.Option(min=1, help="largest concurrency of the decode sweep")] = 64,
     max_num_seqs: Annotated[
         int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")
@@ -133,9 +136,8 @@ def calibrate_command(
         if launch is None:
             result = asyncio.run(calibrate(cfg, console))
         else:
-            log = (
-                Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
-            )  # kept: read it if start-up fails
+            # The server's log stays after the run: it is where to look when start-up fails.
+            log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
             python = vllm_python or sys.executable
             with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
@@ -147,7 +149,7 @@ def calibrate_command(
         fail([str(e)])
     except EndpointLost as e:
         kept = measurements_path(out) if out else None
-        fail([f"stopped: the endpoint failed {e}; measurements kept in {kept}; rerun with --resume"], code=1)
+        fail([f"stopped after {e}; measurements kept in {kept}; rerun with --resume"], code=1)
     except KeyboardInterrupt:
         kept = measurements_path(out) if out else None
         fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)

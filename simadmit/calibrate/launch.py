@@ -1,7 +1,8 @@
 """Start a vLLM OpenAI server on loopback for the length of a `with` block, and always stop it.
 
 The server runs in its own process group (so its engine workers go with it): on exit, SIGTERM to the group,
-then SIGKILL if it has not gone within a grace period, whatever happened inside the block. vLLM can live in
+then SIGKILL if it has not gone within a grace period, whatever happened inside the block, including a
+SIGTERM sent to the launching process. vLLM can live in
 another environment: pass that environment's Python (`--vllm-python`).
 """
 
@@ -11,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -94,8 +96,18 @@ def launched_server(
         except OSError as e:
             raise LaunchError(f"cannot start {python}: {e.strerror}") from None
     url = f"http://127.0.0.1:{port}"
+    # A SIGTERM to this process must still stop the server (it runs in its own session, so it would
+    # outlive us): turn it into an exception, which the `finally` below handles like any other.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
     try:
         wait_healthy(url, process, log_path, timeout_s)
         yield url
     finally:
         stop_process_group(process)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

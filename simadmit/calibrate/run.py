@@ -36,7 +36,7 @@ class CalibrationConfig:
     endpoint: str
     out: Path
     model: str | None = None
-    budget_s: float = 600.0
+    budget_s: float = 480.0
     max_concurrency: int = 64
     gpus: int = 1
     gpu_name: str = "unknown"
@@ -111,7 +111,7 @@ async def _run_plan(
         console.print(
             "[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]"
         )
-    prompts = PromptMaker(pool, random.Random())
+    prompts = PromptMaker(pool, random.Random())  # unseeded: no prompt may repeat one the server has cached
     cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
     overhead = OverheadMonitor()
     sampler = MetricsSampler(client, endpoint.base_url)

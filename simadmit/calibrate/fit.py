@@ -116,7 +116,10 @@ def observations(
     for r in kept_decode:
         t0 = r.start_unix_s + r.ttft_s
         window = r.itl_mean_s * (r.output_tokens - 1)
-        lo, hi = np.searchsorted(first_sorted, [t0, t0 + window], side="right")
+        # Requests prefilled in the same step as this one's first token reach the client a few microseconds
+        # apart: only first tokens at least half a step later (up to half a step after the last) interfere.
+        half_step = r.itl_mean_s / 2
+        lo, hi = np.searchsorted(first_sorted, [t0 + half_step, t0 + window + half_step], side="right")
         interfering = float(prompt_cumsum[hi] - prompt_cumsum[lo])
         out.append(
             decode_observation(r.concurrency, r.prompt_tokens, r.output_tokens, interfering, window, r.phase)

@@ -3,7 +3,7 @@
 An SLO names a tier (or `all`), a summary measure and a limit: `interactive.ttft_p99<=3s`,
 `interactive.rejection<=2%`, `all.queue_wait_mean_s<=0.5s`. A setting is feasible when the mean over
 replications meets every SLO at every traffic level; the objective (goodput, throughput, their per-GPU
-versions, or rejection) is measured at the scenario's own traffic.
+versions, or rejection) is measured at the first level (by default 1x, the scenario's own traffic).
 
 The search is coordinate-wise on a shrinking grid: each dimension in turn is tried at a few evenly spaced
 values with the others held at the best setting so far; the best value is kept and that dimension's range
@@ -211,13 +211,11 @@ class Search:
         config: SearchConfig,
         backend: Backend = process_map,
     ) -> None:
-        self.document, self.source, self.slos, self.config, self.backend = (
-            document,
-            source,
-            slos,
-            config,
-            backend,
-        )
+        self.document = document
+        self.source = source
+        self.slos = slos
+        self.config = config
+        self.backend = backend
         self.measure, self.sign, self.per_gpu = OBJECTIVES[objective]
         spec = scenario_from_dict(document, source)
         self.base_rate = spec.workload.rate_multiplier
@@ -343,11 +341,11 @@ def optimize(
         search = Search(doc, scenario, slos, objective, config, backend)
         best = search_policy(search, dims)
         shared = tuple((p, v) for p, v in best.setting if not p.startswith("policies."))
-        reference_config = SearchConfig((1.0,), config.replications, config.seed, jobs=config.jobs)
+        reference_config = SearchConfig(config.loads[:1], config.replications, config.seed, jobs=config.jobs)
         reference = Search({**doc, "policies": [{"kind": "unconditional"}]}, scenario, [], objective,
                            reference_config, backend)  # fmt: skip
         (uncond,) = reference.evaluate([shared])
-        throughput = uncond.summaries[1.0]["all"]["throughput_rps"]
+        throughput = uncond.summaries[config.loads[0]]["all"]["throughput_rps"]
         results.append(PolicyResult(name, best, search.simulations + reference.simulations, throughput))
     return results
 

@@ -221,11 +221,12 @@ def _print_results(
         console.print(f"\n[bold]{r.policy}[/bold]: {verdict} ({r.simulations} simulations)")
         for path, value in b.setting:
             console.print(f"  {path} = {value:g}" if isinstance(value, float) else f"  {path} = {value}")
-        console.print(f"  {objective} = {b.objective:.4g} at 1x traffic on {b.gpus} GPUs")
+        first = next(iter(b.summaries))  # the load the objective is measured at
+        console.print(f"  {objective} = {b.objective:.4g} at {first:g}x traffic on {b.gpus} GPUs")
         for text, margin in b.margins.items():
             measure = parse_slo(text).measure
             console.print(f"  {text}: margin {_fmt(measure, margin)} at the worst load")
-        throughput = b.summaries[min(b.summaries, key=lambda x: abs(x - 1.0))]["all"]["throughput_rps"]
+        throughput = b.summaries[first]["all"]["throughput_rps"]
         ref = r.unconditional_throughput_rps
         cost = 1 - throughput / ref if ref > 0 else math.nan
         effect = (

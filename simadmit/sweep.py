@@ -5,8 +5,8 @@ A parameter is a dotted path into the scenario YAML (`workload.rate_multiplier`,
 validated before anything runs. The unit of work is one (point, seed) pair: one replication of every
 policy of the scenario on the same generated workload, exactly what `run_scenario` does for that seed.
 Each finished unit is saved at once to `DIR/points/<key>.json` (written to a temporary file, then renamed,
-so an interruption never leaves half a result), keyed by a digest of the scenario document (and of the
-profile and trace files it reads), the point's parameters and the seed. Running the same sweep again skips saved units, so an interrupted sweep resumes
+so an interruption never leaves half a result), keyed by a digest of the scenario document (with the
+profile and trace files it reads, and the simulator's own source), the point's parameters and the seed. Running the same sweep again skips saved units, so an interrupted sweep resumes
 where it stopped, and raising `--replications` reuses the seeds already run.
 
 The result is one tidy table, one row per point x policy x tier, with every summary measure, its 95%
@@ -18,6 +18,7 @@ rows, with NaN for the measures they lack.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -85,9 +86,19 @@ def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+@functools.cache
+def _code_digest() -> str:
+    """The simulator's source: results of another version of the code are never reused."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for f in sorted(package.rglob("*.py")):
+        h.update(f.relative_to(package).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def _inputs_digest(document: dict[str, object], spec: ScenarioSpec, base: Path) -> str:
-    """What every result depends on besides its point and seed: the document and the files it reads."""
-    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode())
+    """What every result depends on besides its point and seed: the document, the files it reads, the code."""
+    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode() + _code_digest().encode())
     files = [resolve_profile(p.profile, base) for p in spec.pools]
     files += [resolve_trace(t.path, base) for _, t in trace_refs(spec)]
     for f in files:

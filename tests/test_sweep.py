@@ -180,3 +180,18 @@ def test_sweep_command(tmp_path: Path) -> None:
     assert again.exit_code == 0
     table = pd.read_parquet(out / "sweep.parquet")
     assert len(table) == 3 * 3 * table["tier"].nunique()
+
+
+def test_results_are_not_reused_when_the_profile_changes(tmp_path: Path) -> None:
+    """The keys of saved points cover the files the scenario reads, not only the scenario document."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text((ROOT / "calibration" / "llama-3.1-8b-h100.yaml").read_text())
+    doc = yaml.safe_load(DEFAULT.read_text())
+    doc["pools"][0]["profile"] = "profile.yaml"
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+    params = [parse_param("workload.rate_multiplier=0.2,1.0")]
+    before = {u.key for u in plan_sweep(scenario, params).units()}
+    assert before == {u.key for u in plan_sweep(scenario, params).units()}
+    profile.write_text(profile.read_text() + "\n# re-measured\n")
+    assert before.isdisjoint(u.key for u in plan_sweep(scenario, params).units())

@@ -301,6 +301,11 @@ class GatewaySpec(_Model):
         description="immediate: route at admission to a replica's waiting queue; "
         "central: hold in the gateway's queue until a replica has a free batch slot",
     )
+    estimate_output: Literal["max_tokens", "learned"] = Field(
+        default="max_tokens",
+        description="what a request's decode is charged: its max_tokens, or the mean output its tier has "
+        "produced so far (capped at max_tokens)",
+    )
 
 
 class BackoffSpec(_Model):

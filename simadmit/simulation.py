@@ -18,7 +18,8 @@ import simpy
 from simadmit.autoscaler import HorizontalAutoscaler
 from simadmit.client import RetryBudget, backoff_delay
 from simadmit.engine import StepObserver
-from simadmit.ledger import ABANDONED, IN_FLIGHT, PENDING, REJECTED, TOO_LONG, Ledger
+from simadmit.estimator import OutputLearner
+from simadmit.ledger import ABANDONED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, TOO_LONG, Ledger
 from simadmit.policies import AdmissionPolicy, PoolView, Request
 from simadmit.pool import Pool
 from simadmit.workload import Workload
@@ -87,13 +88,12 @@ class Simulation:
         for p, cfg in enumerate(world.pools):
             for t in cfg.tiers:
                 self.pool_of_tier[t] = p
-        self.estimates = []
         self.pools: list[Pool] = []
         prompt, output = workload.prompt.tolist(), workload.output.tolist()
+        self.output = output
         central = world.gateway.dispatch == "central"
         for p, cfg in enumerate(world.pools):
             est = cfg.estimator.estimate_many(workload.prompt, workload.max_tokens)
-            self.estimates.append(est)
             service = None
             if cfg.service is not None:
                 service = cfg.service.sample(np.random.default_rng([seed, 4, p]), n)
@@ -104,7 +104,9 @@ class Simulation:
                     observer,
                 )
             )  # fmt: skip
-        self.est = [e.tolist() for e in self.estimates]
+        self.est = [pool.estimate for pool in self.pools]  # the pools' own lists: one estimate per request
+        self.learner = OutputLearner() if world.gateway.estimate_output == "learned" else None
+        self.rates = [(c.profile.prefill_tokens_per_gpu_s, c.profile.decode_tokens_per_gpu_s) for c in world.pools]
         self.max_tokens = [cfg.max_request_tokens for cfg in world.pools]
         self.pool_attempts = [0] * len(self.pools)
         self.pool_rejects = [0] * len(self.pools)
@@ -158,7 +160,7 @@ class Simulation:
                 periods.append(r.busy_periods)
             busy.append(periods)
         return RunResult(
-            policy_name, self.seed, led, self.estimates, busy,
+            policy_name, self.seed, led, [np.asarray(e) for e in self.est], busy,
             [[[a, min(b, env.now)] for a, b in pool.lifetimes] for pool in self.pools],
             [pool.replica_log for pool in self.pools],
             [pool.peak_in_flight_gpu_s for pool in self.pools],
@@ -202,6 +204,11 @@ class Simulation:
         view = self.views[g][p]
         if self.live:
             self._refresh(view, self.pools[p], now)
+        if self.learner is not None:  # charge what this tier's requests have really produced so far
+            req = self.requests[rid]
+            prefill, decode = self.rates[p]
+            out = self.learner.expected_output(req.tier, req.max_tokens)
+            self.est[p][rid] = req.prompt_tokens / prefill + out / decode
         est = self.est[p][rid]
         admit, reason, retry_after = self.policy.decide(self.requests[rid], est, view, now)
         led.att_reason.append(reason)
@@ -242,6 +249,8 @@ class Simulation:
 
     def _done(self, rid: int) -> None:
         self.outstanding -= 1
+        if self.learner is not None and self.ledger.outcome[rid] == COMPLETED:
+            self.learner.observe(self.requests[rid].tier, self.output[rid])
         self.last_wait.pop(rid, None)
 
     # --- autoscaling ------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class GatewayConfig:
     poll_interval_s: float
     routing: str
     dispatch: str
+    estimate_output: str = "max_tokens"
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
     g, c = spec.gateway, spec.clients
     return World(
         pools=tuple(pools),
-        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch),
+        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),
         clients=ClientConfig(
             c.max_retries,
             c.honor_retry_after,

@@ -18,25 +18,36 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from simadmit.sweep import curves
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
+_DASHES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D")
 
 
 def _color(name: str, index: int) -> str:
     return _COLORS.get(name, _OTHER[index % len(_OTHER)])
 
 
-def _series(table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(label, policy, rows) per curve, labelled by the settings that split it."""
-    out = []
+def _series(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFrame]]:
+    """(label, line style, rows) per curve, labelled by the settings that split it.
+
+    Curves of one policy share its colour, darker and with another dash and marker for each setting.
+    """
+    out: list[tuple[str, dict[str, object], pd.DataFrame]] = []
+    seen: dict[str, int] = {}
     for policy, settings, rows in curves(table):
         label = ", ".join(f"{p.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{p.split('.')[-1]}={v}"
                           for p, v in settings.items())  # fmt: skip
-        out.append((f"{policy}, {label}" if label else policy, policy, rows))
+        k = seen[policy] = seen.get(policy, -1) + 1
+        base = np.array(to_rgb(_color(policy, len(seen) - 1)))
+        style: dict[str, object] = {"color": tuple(base * (1 - 0.22 * min(k, 3))), "linestyle": _DASHES[k % 4],
+                                     "marker": _MARKERS[k % 4]}  # fmt: skip
+        out.append((f"{policy}, {label}" if label else policy, style, rows))
     return out
 
 
@@ -47,10 +58,12 @@ def _sla_line(ax: Axes, value: float | None, vertical: bool = False) -> None:
     line(value, color="black", linestyle="--", linewidth=1, label=f"SLA {value:g} s")
 
 
-def _curve(ax: Axes, x: np.ndarray, y: np.ndarray, err: np.ndarray | None, label: str, color: str) -> None:
-    ax.plot(x, y, marker="o", markersize=3, label=label, color=color)
+def _curve(
+    ax: Axes, x: np.ndarray, y: np.ndarray, err: np.ndarray | None, label: str, style: dict[str, object]
+) -> None:
+    ax.plot(x, y, markersize=3, label=label, **style)  # type: ignore[arg-type]
     if err is not None and np.isfinite(err).any():
-        ax.fill_between(x, y - err, y + err, color=color, alpha=0.15, linewidth=0)
+        ax.fill_between(x, y - err, y + err, color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _ci(rows: pd.DataFrame, measure: str) -> np.ndarray | None:
@@ -63,11 +76,11 @@ def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float]
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     util = table[table["tier"] == "all"].set_index(["point", "policy"])
-    for i, (label, policy, rows) in enumerate(_series(table[table["tier"] == tier])):
+    for label, style, rows in _series(table[table["tier"] == tier]):
         pool = util.loc[list(zip(rows["point"], rows["policy"], strict=True))]
         x = 100 * pool["work_utilization"].to_numpy(dtype=float)
         for ax, measure in zip(axes, ("ttft_p99_s", "e2e_p99_s"), strict=True):
-            _curve(ax, x, rows[measure].to_numpy(dtype=float), _ci(rows, measure), label, _color(policy, i))
+            _curve(ax, x, rows[measure].to_numpy(dtype=float), _ci(rows, measure), label, style)
     for ax, (key, name) in zip(
         axes, (("ttft_s", "p99 TTFT"), ("e2e_s", "p99 end-to-end latency")), strict=True
     ):
@@ -84,10 +97,10 @@ def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float]
 def _vs_load(table: pd.DataFrame, tier: str, measure: str, scale: float, ylabel: str, title: str) -> Figure:
     fig = Figure(figsize=(6.5, 4.2), layout="constrained")
     ax = fig.subplots()
-    for i, (label, policy, rows) in enumerate(_series(table[table["tier"] == tier])):
+    for label, style, rows in _series(table[table["tier"] == tier]):
         err = _ci(rows, measure)
         _curve(ax, rows["arrival_rate_rps"].to_numpy(dtype=float), scale * rows[measure].to_numpy(dtype=float),
-               None if err is None else scale * err, label, _color(policy, i))  # fmt: skip
+               None if err is None else scale * err, label, style)  # fmt: skip
     ax.set_xlabel("offered load (requests/s)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -105,7 +105,6 @@ class Replica:
         self.heap: list[tuple[int, int, Seq]] = []
         self.clock = 0  # decode steps executed
         self.kv_used = 0
-        self.dec_kv = 0
         self.order = 0
         self.busy = False
         self.busy_since = 0.0
@@ -258,7 +257,6 @@ class Replica:
         if n_dec:
             self.clock += k
             self.kv_used += n_dec * (k - 1)
-            self.dec_kv += n_dec * k
             heap = self.heap
             clock = self.clock
             while heap and heap[0][0] <= clock:
@@ -294,7 +292,6 @@ class Replica:
             seq.kv_join = seq.kv
             seq.finish_clock = self.clock + seq.target - seq.generated
             self.decoders.add(seq)
-            self.dec_kv += seq.kv
             heapq.heappush(self.heap, (seq.finish_clock, seq.order, seq))
         if self.pending_aborts:
             for seq in self.pending_aborts:
@@ -314,7 +311,6 @@ class Replica:
         kv = seq.kv_join + self.clock - seq.join_clock
         self.decoders.discard(seq)
         self.kv_used -= kv
-        self.dec_kv -= kv
         seq.generated = seq.gen_join + self.clock - seq.join_clock
 
     def _preempt_newest(self, candidates: list[Seq] | set[Seq]) -> None:

@@ -35,13 +35,13 @@ from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer, 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the first run provisions vLLM in its setup
 
-# Held-out points are predicted within these relative errors. VLLM_CPU.md reports 20-40% noise between runs of
-# this server; within one session, repeated runs of this test put held-out TTFTs within 16% of the fit and
-# inter-token latencies within 33% (the CPU's speed drifts minute to minute, and a 135M model's decode steps are
-# short enough to feel it). The bounds sit just above that and still fail a model that is wrong in kind: a
-# prefill rate off by 2x, a missing step overhead, or decode steps charged for prefill work they do not do.
+# Held-out points are predicted within these relative errors. VLLM_CPU.md reports 20-40% noise between server
+# starts; within one session, runs of this test put held-out TTFTs within 16% of the fit and inter-token
+# latencies within 14% (with another process competing for the CPU, too). The bounds leave room for the CPU's
+# minute-to-minute drift and still fail a model that is wrong in kind: a prefill rate off by 2x, a missing step
+# overhead, decode steps charged for prefill work they do not do, or prefills in the batch left out.
 TTFT_TOLERANCE = 0.25
-ITL_TOLERANCE = 0.45
+ITL_TOLERANCE = 0.35
 
 
 def command(server: VllmServer, out: Path, budget: str, max_concurrency: int) -> list[str]:

@@ -19,9 +19,9 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from simadmit.errors import InputError, problem
 from simadmit.report import print_summary
-from simadmit.resources import default_scenario
+from simadmit.resources import default_scenario, resolve_profile
 from simadmit.runner import ScenarioResult, run_study
-from simadmit.scenario import load_scenario
+from simadmit.scenario import ScenarioSpec, load_scenario
 from simadmit.world import build_world
 
 app = typer.Typer(
@@ -87,8 +87,13 @@ class _LazyProgress:
             self.bar.stop()
 
 
-def write_outputs(result: ScenarioResult, out: Path) -> None:
+def write_outputs(result: ScenarioResult, out: Path, spec: ScenarioSpec, base: Path) -> None:
+    """The tables, the summary, and the scenario as run (paths made absolute), so `plot` can draw its SLAs."""
     out.mkdir(parents=True, exist_ok=True)
+    doc = spec.model_dump(mode="json")
+    for pool in doc["pools"]:
+        pool["profile"] = str(resolve_profile(pool["profile"], base))
+    (out / "scenario.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     result.requests.to_parquet(out / "requests.parquet", index=False)
     result.timeseries.to_parquet(out / "timeseries.parquet", index=False)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")
@@ -119,14 +124,14 @@ def simulate(
     finally:
         progress.close()
     elapsed = time.monotonic() - started
-    write_outputs(result, out)
+    write_outputs(result, out, spec, base)
     console = Console()
     if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
         console = Console(width=140)
     print_summary(result.summary, f"{spec.name}: {spec.description}".rstrip(": "), console)
     console.print(
         f"{result.simulated_requests:,} simulated requests in {elapsed:.1f} s; tables in {out}/ "
-        "(requests.parquet, timeseries.parquet, summary.json)"
+        "(requests.parquet, timeseries.parquet, summary.json, scenario.yaml)"
     )
 
 

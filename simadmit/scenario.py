@@ -493,12 +493,12 @@ def _apply_overrides(data: dict[str, object], overrides: dict[str, object]) -> d
                 if i is None:
                     raise InputError([problem("--set", dotted, f"no element {key!r} in this list")])
                 if last:
-                    node[i] = value
+                    node[i] = copy.deepcopy(value)
                 else:
                     node = node[i]
             elif isinstance(node, dict):
                 if last:
-                    node[key] = value
+                    node[key] = copy.deepcopy(value)
                 else:
                     node = node.setdefault(key, {})
             else:

@@ -31,16 +31,28 @@ def _pct(x: np.ndarray, q: float) -> float:
 
 
 def tier_measures(
-    req: pd.DataFrame, window: tuple[float, float], util: float, gpu_s: float, ttft_slo: float, e2e_slo: float
+    req: pd.DataFrame,
+    completed_any: pd.DataFrame,
+    window: tuple[float, float],
+    util: float,
+    gpu_s: float,
+    ttft_slo: float,
+    e2e_slo: float,
 ) -> dict:
     """The measures of one group of requests (a tier, or all) that arrived in the measurement window.
 
-    Throughput and work utilization count what finished inside the window, so a backlog drained after
-    the traffic stopped does not inflate them.
+    Throughput and work utilization are about the window itself, whenever the requests arrived
+    (`completed_any`): throughput counts completions inside it, work utilization the work done inside it
+    (each request's cost spread evenly over its time in the engine). A backlog drained after the traffic
+    stopped does not inflate them, and warm-up arrivals served inside the window are not lost.
     """
     n = len(req)
     window_s = window[1] - window[0]
-    done_in_window = req[req["finish_s"].between(*window) & (req["outcome"] == "completed")]
+    done_in_window = completed_any[completed_any["finish_s"].between(*window)]
+    start, finish = completed_any["scheduled_s"].to_numpy(), completed_any["finish_s"].to_numpy()
+    inside = np.clip(np.minimum(finish, window[1]) - np.maximum(start, window[0]), 0.0, None)
+    share = np.where(finish > start, inside / np.maximum(finish - start, 1e-12), 0.0)
+    work_done = float((completed_any["true_cost_gpu_s"].to_numpy() * share).sum())
     outcome = req["outcome"]
     completed = req[outcome == "completed"]
     ttft = completed["ttft_s"].to_numpy()
@@ -67,7 +79,7 @@ def tier_measures(
         "queue_wait_mean_s": float(wait.mean()) if len(wait) else math.nan,
         "queue_wait_p99_s": _pct(wait, 99),
         "utilization": util,
-        "work_utilization": float(done_in_window["true_cost_gpu_s"].sum()) / gpu_s,
+        "work_utilization": work_done / gpu_s,
         "goodput_rps": good / window_s,
         "slo_attainment": good / n if n else math.nan,
         "offered_rps": n / window_s,
@@ -90,6 +102,7 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
     req = request_table(result, workload, world)
     req["true_cost_gpu_s"] = _true_cost(req, world)
     start, end = measurement_window(workload, world)
+    completed = req[req["outcome"] == "completed"]
     req = req[req["arrival_s"] >= start]
     window = end - start
     gpu_s = [_gpu_seconds(result, cfg.gpus_per_replica, p, start, end) for p, cfg in enumerate(world.pools)]
@@ -99,6 +112,7 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
         cfg = world.pools[pool]
         out[name] = tier_measures(
             req[req["tier"] == name],
+            completed[completed["tier"] == name],
             (start, end),
             utilization(result, world, start, end, pool),
             gpu_s[pool],
@@ -106,7 +120,7 @@ def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str
             world.tier_e2e_slo[t],
         )
     everything = tier_measures(
-        req, (start, end), utilization(result, world, start, end), sum(gpu_s), math.inf, math.inf
+        req, completed, (start, end), utilization(result, world, start, end), sum(gpu_s), math.inf, math.inf
     )
     tiers = out.values()
     everything["goodput_rps"] = sum(m["goodput_rps"] for m in tiers)

@@ -255,7 +255,8 @@ def plot(
         Path, typer.Argument(help="a sweep directory, or a `simadmit simulate --out` directory")
     ],
     scenario: Annotated[
-        Path | None, typer.Option(help="scenario whose tier SLOs are drawn as SLA lines")
+        Path | None,
+        typer.Option(help="scenario whose tier SLOs are drawn as SLA lines (default: DIR/scenario.yaml)"),
     ] = None,
 ) -> None:
     """Draw the figures the directory's tables allow, as PNG and SVG next to them."""
@@ -268,6 +269,8 @@ def plot(
         fail([f"{directory}: not a directory"])
         return
     slo = None
+    if scenario is None and (directory / "scenario.yaml").is_file():
+        scenario = directory / "scenario.yaml"  # written by `simadmit simulate --out`
     if scenario is not None:
         try:
             spec, _ = load_scenario(scenario, None)

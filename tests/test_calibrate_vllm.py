@@ -2,7 +2,7 @@
 
 One calibration is run for the module, interrupted with Ctrl-C part-way and resumed, so the same run checks
 that nothing measured is lost and that the fitted model matches the server. The CPU is noisy (20-40% between
-runs, VLLM_CPU.md), so the checks are about agreement within the same server session and about trends.
+runs of the same server on this kind of machine), so the checks are about agreement within the same server session and about trends.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer, 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the first run provisions vLLM in its setup
 
-# Held-out points are predicted within these relative errors. VLLM_CPU.md reports 20-40% noise between server
+# Held-out points are predicted within these relative errors. Throughput varies 20-40% between server
 # starts; within one session, runs of this test put held-out TTFTs within 16% of the fit and inter-token
 # latencies within 14% (with another process competing for the CPU, too). The bounds leave room for the CPU's
 # minute-to-minute drift and still fail a model that is wrong in kind: a prefill rate off by 2x, a missing step

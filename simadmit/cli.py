@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from simadmit.errors import InputError, problem
 from simadmit.report import print_summary
-from simadmit.resources import default_scenario, resolve_profile
+from simadmit.resources import resolve_profile, resolve_scenario
 from simadmit.runner import ScenarioResult, run_study
 from simadmit.scenario import ScenarioSpec, load_scenario
 from simadmit.world import build_world
@@ -101,7 +101,9 @@ def write_outputs(result: ScenarioResult, out: Path, spec: ScenarioSpec, base: P
 
 @app.command()
 def simulate(
-    scenario: Annotated[Path | None, typer.Argument(help="scenario YAML (default: the bundled default)")] = None,
+    scenario: Annotated[
+        Path | None, typer.Argument(help="scenario YAML, or a bundled scenario's name (default: the default)")
+    ] = None,
     out: Annotated[Path, typer.Option(help="directory for requests.parquet, timeseries.parquet, summary.json")] = Path(
         "runs/latest"
     ),
@@ -111,8 +113,7 @@ def simulate(
 ) -> None:
     """Replay a scenario's traffic through each admission policy and report latency, rejections and goodput."""
     try:
-        path = scenario or default_scenario()
-        spec, base = load_scenario(path, parse_overrides(set_))
+        spec, base = load_scenario(resolve_scenario(scenario), parse_overrides(set_))
         build_world(spec, base)  # profiles are read and checked before anything runs
     except InputError as e:
         fail(e.problems)

@@ -29,6 +29,16 @@ def default_scenario() -> Path:
     return path
 
 
+def resolve_scenario(ref: Path | None) -> Path:
+    """A scenario argument: a file, or the name of a bundled scenario (`azure_replay`), or the default."""
+    if ref is None:
+        return default_scenario()
+    if ref.is_file():
+        return ref
+    name = ref.name if ref.suffix in (".yaml", ".yml") else f"{ref.name}.yaml"
+    return (bundled("scenarios", name) if len(ref.parts) == 1 else None) or ref
+
+
 def resolve_profile(ref: str, base: Path) -> Path | None:
     """A profile reference: a path (relative to the scenario's folder) or a bundled profile name."""
     path = Path(ref) if Path(ref).is_absolute() else base / ref

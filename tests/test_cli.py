@@ -104,3 +104,10 @@ def test_missing_scenario_and_bad_override(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "scenario file not found" in result.output
     result = runner.invoke(app, ["simulate", "--set", "policies.nope.headroom=0.5"])
     assert result.exit_code == 2 and "no element 'nope'" in result.output
+
+
+def test_a_bundled_scenario_runs_by_name(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "retry_storm", "--out", str(tmp_path), "--set", "workload.duration_s=20"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == {"lockstep/gpu_seconds", "jittered/gpu_seconds"}

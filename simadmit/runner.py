@@ -7,6 +7,7 @@ variants (other settings to compare) each run all policies on the same seeds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +54,14 @@ def run_scenario(
         workload = generate(spec.workload, s)
         shared = policy_requests(workload)
         for name, policy in policies.items():
-            label = f"{name} (seed {s})"
+            label, n = f"{name} (seed {s})", len(workload)
             tick = None
             if progress is not None:
-                progress(label, 0, len(workload))
-                tick = lambda i, label=label, n=len(workload): progress(label, i, n)  # noqa: E731
+                progress(label, 0, n)
+                tick = functools.partial(_tick, progress, label, n)
             result = Simulation(world, workload, policy, s, shared, progress=tick).run(name)
             if progress is not None:
-                progress(label, len(workload), len(workload))
+                progress(label, n, n)
             events += result.events
             simulated += len(workload)
             per_policy[name].append(summary.run_summary(result, workload, world))
@@ -75,6 +76,10 @@ def run_scenario(
         events=events,
         simulated_requests=simulated,
     )
+
+
+def _tick(progress: Progress, label: str, total: int, done: int) -> None:
+    progress(label, done, total)
 
 
 def run_study(

@@ -7,6 +7,7 @@ one tier's length distribution does not move the arrivals.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,7 @@ def assign_tiers(spec: WorkloadSpec, arrival: np.ndarray, rng: np.random.Generat
     tier = np.full(len(arrival), -1, dtype=np.int64)
     edges = sorted({0.0, *(t.start_s for t in spec.tiers), *(t.end_s for t in spec.tiers if np.isfinite(t.end_s))})
     edges.append(np.inf)
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         shares = np.array([t.share if t.start_s <= lo and t.end_s >= hi else 0.0 for t in spec.tiers])
         inside = (arrival >= lo) & (arrival < hi)
         if shares.sum() == 0:

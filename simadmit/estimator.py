@@ -27,8 +27,8 @@ class CostEstimator:
     def from_profile(cls, profile: Profile) -> CostEstimator:
         return cls(profile.prefill_tokens_per_gpu_s, profile.decode_tokens_per_gpu_s)
 
-    def estimate(self, prompt_tokens: int, max_tokens: int) -> float:
-        """Predicted GPU-seconds of one request."""
+    def estimate(self, prompt_tokens: int, max_tokens: float) -> float:
+        """Predicted GPU-seconds of one request (output charged at `max_tokens`, or a learned expectation)."""
         return prompt_tokens / self.prefill_tokens_per_gpu_s + max_tokens / self.decode_tokens_per_gpu_s
 
     def estimate_many(self, prompt_tokens: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:

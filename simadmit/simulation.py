@@ -106,7 +106,7 @@ class Simulation:
             )  # fmt: skip
         self.est = [pool.estimate for pool in self.pools]  # the pools' own lists: one estimate per request
         self.learner = OutputLearner() if world.gateway.estimate_output == "learned" else None
-        self.rates = [(c.profile.prefill_tokens_per_gpu_s, c.profile.decode_tokens_per_gpu_s) for c in world.pools]
+        self.estimators = [cfg.estimator for cfg in world.pools]
         self.max_tokens = [cfg.max_request_tokens for cfg in world.pools]
         self.pool_attempts = [0] * len(self.pools)
         self.pool_rejects = [0] * len(self.pools)
@@ -206,9 +206,8 @@ class Simulation:
             self._refresh(view, self.pools[p], now)
         if self.learner is not None:  # charge what this tier's requests have really produced so far
             req = self.requests[rid]
-            prefill, decode = self.rates[p]
             out = self.learner.expected_output(req.tier, req.max_tokens)
-            self.est[p][rid] = req.prompt_tokens / prefill + out / decode
+            self.est[p][rid] = self.estimators[p].estimate(req.prompt_tokens, out)
         est = self.est[p][rid]
         admit, reason, retry_after = self.policy.decide(self.requests[rid], est, view, now)
         led.att_reason.append(reason)

@@ -29,6 +29,7 @@ class PoolView:
     """A gateway's picture of a pool at decision time: stale by up to one poll interval."""
 
     in_flight_gpu_s: float = 0.0  # predicted GPU-seconds admitted and not yet finished
+    in_flight_by_tier: dict[str, float] = field(default_factory=dict)  # the same, per tier
     queued: int = 0  # admitted requests not yet scheduled on an engine
     running: int = 0  # requests in an engine batch
     available_gpus: int = 0  # GPUs of replicas that are serving
@@ -83,13 +84,16 @@ class GpuSeconds(AdmissionPolicy):
     Rejects `pool_exhausted` when no GPU serves or the pool is already at its maximum, `would_exceed_sla`
     when the predicted wait exceeds the tier's budget (tightened by the request's deadline), and
     `pool_headroom_exhausted` when admitting would push in-flight work past max x headroom. The headroom
-    absorbs what other gateway replicas admitted since this one last polled.
+    absorbs what other gateway replicas admitted since this one last polled. Optional per-tier caps
+    (`tier_max_gpu_s`, reason `tier_share_exhausted`) keep a tier with a long budget from filling the pool
+    above the threshold a short-budget tier needs.
     """
 
     budgets_s: dict[str, float] = field(default_factory=lambda: {"interactive": 3.0, "batch": 60.0})
     default_budget_s: float = 3.0
     headroom: float = 0.9
     max_pool_gpu_s: float | None = None  # None: available GPUs x the largest budget
+    tier_max_gpu_s: dict[str, float] = field(default_factory=dict)  # per-tier caps on in-flight work
     no_capacity_retry_s: float = 5.0
 
     def budget(self, request: Request, now: float) -> float:
@@ -116,4 +120,9 @@ class GpuSeconds(AdmissionPolicy):
             return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)))
         if in_flight + estimate_gpu_s > limit:
             return Decision(False, "pool_headroom_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
+        cap = self.tier_max_gpu_s.get(request.tier)
+        if cap is not None:
+            mine = view.in_flight_by_tier.get(request.tier, 0.0) + estimate_gpu_s
+            if mine > cap:
+                return Decision(False, "tier_share_exhausted", retry_after((mine - cap) / gpus))
         return ADMIT

@@ -65,11 +65,13 @@ class Pool(EngineListener):
         for _ in range(replicas):
             self._new_replica()
         self.seqs: dict[int, Seq] = {}
+        self.tier_of: dict[int, str] = {}  # admitted requests in flight -> their tier
         self.queue: deque[int] = deque()  # central dispatch queue
         self.in_queue: set[int] = set()
         self.rr = 0
         # what the gateway polls
         self.in_flight_gpu_s = 0.0
+        self.in_flight_by_tier: dict[str, float] = {}
         self.queued = 0
         self.running = 0
 
@@ -127,7 +129,9 @@ class Pool(EngineListener):
 
     # --- gateway side ------------------------------------------------------------------------------
 
-    def admit(self, rid: int) -> None:
+    def admit(self, rid: int, tier: str) -> None:
+        self.in_flight_by_tier[tier] = self.in_flight_by_tier.get(tier, 0.0) + self.estimate[rid]
+        self.tier_of[rid] = tier
         self.in_flight_gpu_s += self.estimate[rid]
         if self.in_flight_gpu_s > self.peak_in_flight_gpu_s:
             self.peak_in_flight_gpu_s = self.in_flight_gpu_s
@@ -157,7 +161,7 @@ class Pool(EngineListener):
             self.queued -= 1
         else:
             self.running -= 1
-        self.in_flight_gpu_s -= self.estimate[rid]
+        self._leave(rid, self.estimate[rid])
         led.outcome[rid] = ABORTED
         self.on_done(rid)
 
@@ -206,10 +210,15 @@ class Pool(EngineListener):
         led.outcome[rid] = COMPLETED
         self.running -= 1
         est = self.estimate[rid]
-        self.in_flight_gpu_s -= est
+        self._leave(rid, est)
         self.work[led.replica[rid]] -= est
         del self.seqs[rid]
         self.on_done(rid)
+
+    def _leave(self, rid: int, est: float) -> None:
+        self.in_flight_gpu_s -= est
+        tier = self.tier_of.pop(rid)
+        self.in_flight_by_tier[tier] -= est
 
     def on_slot_free(self, replica: int) -> None:
         if replica in self.draining:

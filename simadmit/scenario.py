@@ -359,6 +359,9 @@ class GpuSecondsSpec(_Model):
     max_pool_gpu_seconds: float | None = Field(
         default=None, gt=0, description="default: available GPUs x the largest budget"
     )
+    tier_max_gpu_seconds: dict[str, float] = Field(
+        default_factory=dict, description="caps on one tier's in-flight GPU-seconds (e.g. {batch: 6})"
+    )
 
 
 PolicySpec = Annotated[UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec, Field(discriminator="kind")]

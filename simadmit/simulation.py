@@ -215,9 +215,11 @@ class Simulation:
         if not admit:
             self.pool_rejects[p] += 1
         if admit:
+            tier = self.requests[rid].tier
             view.in_flight_gpu_s += est  # this gateway counts its own admits until the next poll
+            view.in_flight_by_tier[tier] = view.in_flight_by_tier.get(tier, 0.0) + est
             view.queued += 1
-            self.pools[p].admit(rid)
+            self.pools[p].admit(rid, tier)
             return
         cfg = self.world.clients
         if tries > cfg.max_retries:
@@ -286,6 +288,7 @@ class Simulation:
     @staticmethod
     def _refresh(view: PoolView, pool: Pool, now: float) -> None:
         view.in_flight_gpu_s = pool.in_flight_gpu_s
+        view.in_flight_by_tier = dict(pool.in_flight_by_tier)
         view.queued = pool.queued
         view.running = pool.running
         view.available_gpus = pool.available_gpus

@@ -83,7 +83,11 @@ def build_policy(spec: PolicySpec) -> policies.AdmissionPolicy:
         return policies.QueueDepth(spec.max_queued, spec.retry_after_s)
     if isinstance(spec, GpuSecondsSpec):
         return policies.GpuSeconds(
-            dict(spec.budgets_s), spec.default_budget_s, spec.headroom, spec.max_pool_gpu_seconds
+            dict(spec.budgets_s),
+            spec.default_budget_s,
+            spec.headroom,
+            spec.max_pool_gpu_seconds,
+            dict(spec.tier_max_gpu_seconds),
         )
     return policies.Unconditional()
 

@@ -98,6 +98,7 @@ def test_every_request_is_accounted_for_and_limits_hold(doc) -> None:
         for pool in sim.pools:
             assert pool.queued == 0 and pool.running == 0
             assert abs(pool.in_flight_gpu_s) < 1e-6
+            assert all(abs(v) < 1e-6 for v in pool.in_flight_by_tier.values())
         # retries never exceed their limit; one attempt row per attempt
         assert max(led.attempts) <= spec.clients.max_retries + 1
         assert len(led.att_rid) == sum(led.attempts)

@@ -11,10 +11,10 @@ from collections import deque
 import numpy as np
 import simpy
 
-from simadmit.engine import DONE, PREFILL, WAITING, EngineListener, Seq, StepObserver
+from simadmit.engine import DONE, PREFILL, Engine, EngineListener, Seq, StepObserver
 
 
-class ClassicalServer:
+class ClassicalServer(Engine):
     """One server, FCFS, serving request `rid` for `service_s[rid]` seconds."""
 
     max_seqs = 1
@@ -56,16 +56,6 @@ class ClassicalServer:
             self.busy_since = self.env.now
             self._next()
         return seq
-
-    def abort(self, seq: Seq) -> None:
-        if seq.aborted or seq.state == DONE:
-            return
-        seq.aborted = True
-        if seq.state == WAITING:
-            self.n_waiting -= 1
-
-    def busy_time(self, now: float) -> float:
-        return self.busy_total + (now - self.busy_since if self.busy else 0.0)
 
     def _next(self) -> None:
         while self.waiting and self.waiting[0].aborted:

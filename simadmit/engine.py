@@ -75,7 +75,34 @@ class EngineListener:
 StepObserver = Callable[[int, int, int, int], None]  # (replica, running, batched tokens, kv used)
 
 
-class Replica:
+class Engine:
+    """What every engine shares with the pool: the waiting count, busy-time books, and client aborts."""
+
+    env: simpy.Environment
+    n_waiting: int
+    busy: bool
+    busy_since: float
+    busy_total: float
+
+    def abort(self, seq: Seq) -> None:
+        """Client went away: drop it from the queue now; a running one is the engine's to stop."""
+        if seq.aborted or seq.state == DONE:
+            return
+        seq.aborted = True
+        if seq.state == WAITING:
+            self.n_waiting -= 1  # removed lazily from the deque
+        else:
+            self._abort_running(seq)
+
+    def _abort_running(self, seq: Seq) -> None:
+        """A running sequence's client is gone (default: it runs to the end of its service)."""
+
+    def busy_time(self, now: float) -> float:
+        """Seconds spent running since the engine started."""
+        return self.busy_total + (now - self.busy_since if self.busy else 0.0)
+
+
+class Replica(Engine):
     """One continuous-batching engine (see module docstring)."""
 
     def __init__(
@@ -141,16 +168,10 @@ class Replica:
             self._cut()
         return seq
 
-    def abort(self, seq: Seq) -> None:
-        """Client went away: drop it from the queue now, or from the batch at the next step boundary."""
-        if seq.aborted or seq.state == DONE:
-            return
-        seq.aborted = True
-        if seq.state == WAITING:
-            self.n_waiting -= 1  # removed lazily from the deque
-        else:
-            self.pending_aborts.append(seq)
-            self._cut()
+    def _abort_running(self, seq: Seq) -> None:
+        """Out of the batch at the next step boundary, as vLLM aborts a request whose client disconnected."""
+        self.pending_aborts.append(seq)
+        self._cut()
 
     # --- the step loop -------------------------------------------------------------------------------
 
@@ -338,6 +359,3 @@ class Replica:
         self.busy_periods.append((self.busy_since, self.env.now))
         self.busy_total += self.env.now - self.busy_since
 
-    def busy_time(self, now: float) -> float:
-        """Seconds spent running steps since the replica started."""
-        return self.busy_total + (now - self.busy_since if self.busy else 0.0)

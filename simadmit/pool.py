@@ -58,6 +58,7 @@ class Pool(EngineListener):
         self.work: list[float] = []  # predicted GPU-seconds routed to each replica and not finished
         self.serving: list[int] = []  # ready and not draining
         self.starting = 0
+        self.starts: list[list[bool]] = []  # replicas still in their cold start, oldest first
         self.draining: set[int] = set()
         self.lifetimes: list[list[float]] = []  # per replica: [serving since, retired at (inf: never)]
         self.replica_log: list[tuple[float, int, int, int]] = []  # (time, serving, starting, draining)
@@ -97,18 +98,29 @@ class Pool(EngineListener):
 
     def scale_up(self, cold_start_s: float) -> None:
         """Start a replica; it serves once its cold start (model load, warm-up) is over."""
+        start = [True]  # cleared if the start is cancelled before it is ready
+        self.starts.append(start)
         self.starting += 1
         self._log()
-        self.env.timeout(cold_start_s).callbacks.append(lambda _e: self._ready())
+        self.env.timeout(cold_start_s).callbacks.append(lambda _e: self._ready(start))
 
-    def _ready(self) -> None:
+    def _ready(self, start: list[bool]) -> None:
+        if not start[0]:
+            return
+        self.starts.remove(start)
         self.starting -= 1
         self._new_replica()
         if self.central:
             self._dispatch()
 
     def scale_down(self) -> None:
-        """Drain the serving replica with the least work: no new requests; retired once empty."""
+        """Cancel the newest replica still starting, if any (as Kubernetes deletes unready pods first);
+        otherwise drain the serving replica with the least work: no new requests; retired once empty."""
+        if self.starts:
+            self.starts.pop()[0] = False
+            self.starting -= 1
+            self._log()
+            return
         if len(self.serving) <= 1:
             return
         r = min(self.serving, key=self.work.__getitem__)

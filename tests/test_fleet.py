@@ -146,3 +146,25 @@ def test_stale_views_overshoot_the_pool_budget_more_with_more_gateways_and_headr
     assert full[0] < full[1] < full[2]
     tight = [_overshoot(n, 0.7) for n in (2, 4)]
     assert tight[0] < full[1] and tight[1] < full[2]
+
+
+def test_scaling_down_cancels_a_replica_still_starting_before_draining_a_serving_one() -> None:
+    import simpy
+
+    from simadmit.ledger import Ledger
+    from simadmit.pool import Pool
+
+    env = simpy.Environment()
+    service = np.ones(1)
+    pool = Pool(env, 0, 2, 1, [1.0], [1], [1], Ledger(1), lambda rid: None, "least_work", False,
+                service_s=service)  # fmt: skip
+    pool.scale_up(90.0)
+    pool.scale_up(90.0)
+    env.run(until=30)
+    pool.scale_down()  # one of the two starting replicas is cancelled, nobody serving is drained
+    env.run(until=200)
+    assert len(pool.serving) == 3 and not pool.draining and pool.starting == 0
+    assert [round(a) for a, _ in pool.lifetimes] == [0, 0, 90]
+    pool.scale_down()  # now a serving replica is drained (idle: retired at once)
+    assert len(pool.serving) == 2
+    assert sorted(b for _, b in pool.lifetimes) == [200.0, float("inf"), float("inf")]

@@ -53,8 +53,8 @@ def request_table(result: RunResult, workload: Workload, world: World) -> pd.Dat
     return df
 
 
-def requests_frame(result: RunResult, workload: Workload, world: World) -> pd.DataFrame:
-    """One row per attempt: the gateway's decision, joined with the request's fate."""
+def requests_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
+    """One row per attempt: the gateway's decision, joined with the request's fate (`request_table`)."""
     led = result.ledger
     att = pd.DataFrame(
         {
@@ -67,7 +67,6 @@ def requests_frame(result: RunResult, workload: Workload, world: World) -> pd.Da
     )
     att["attempt"] = att.groupby("request_id").cumcount() + 1
     att["decision"] = np.where(att["reason"] == "admitted", "admit", "reject")
-    req = request_table(result, workload, world)
     df = att.merge(req, on="request_id", how="left")
     admitted = df["decision"] == "admit"
     for col in ("admit_s", "scheduled_s", "first_token_s", "finish_s", "ttft_s", "e2e_s", "queue_wait_s"):
@@ -121,12 +120,11 @@ def serving_replicas(result: RunResult, t: np.ndarray) -> np.ndarray:
     return total
 
 
-def timeseries_frame(result: RunResult, workload: Workload, world: World) -> pd.DataFrame:
+def timeseries_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
     """Per second of simulated time: traffic, decisions, queue and batch occupancy, in-flight work, utilization."""
     end = max(1, int(np.ceil(result.end_s)))
     grid = np.arange(end + 1, dtype=float)
     led = result.ledger
-    req = request_table(result, workload, world)
     att_t = np.asarray(led.att_time, dtype=float)
     admitted = np.asarray([r == "admitted" for r in led.att_reason], dtype=bool)
     bins = np.arange(end + 1, dtype=float)

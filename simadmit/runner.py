@@ -64,10 +64,11 @@ def run_scenario(
                 progress(label, n, n)
             events += result.events
             simulated += len(workload)
-            per_policy[name].append(summary.run_summary(result, workload, world))
+            table = records.request_table(result, workload, world)  # built once, read three ways
+            per_policy[name].append(summary.run_summary(result, workload, world, table))
             if keep_tables:
-                request_frames.append(records.requests_frame(result, workload, world))
-                series_frames.append(records.timeseries_frame(result, workload, world))
+                request_frames.append(records.requests_frame(result, table))
+                series_frames.append(records.timeseries_frame(result, table))
     return ScenarioResult(
         requests=pd.concat(request_frames, ignore_index=True) if request_frames else pd.DataFrame(),
         timeseries=pd.concat(series_frames, ignore_index=True) if series_frames else pd.DataFrame(),

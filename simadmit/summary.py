@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from simadmit.records import request_table, utilization
+from simadmit.records import utilization
 from simadmit.simulation import RunResult
 from simadmit.workload import Workload
 from simadmit.world import World
@@ -97,10 +97,9 @@ def measurement_window(workload: Workload, world: World) -> tuple[float, float]:
     return world.warmup_s, max(last, world.warmup_s + 1e-9)
 
 
-def run_summary(result: RunResult, workload: Workload, world: World) -> dict[str, dict]:
-    """Measures per tier and for all requests ("all") of one run."""
-    req = request_table(result, workload, world)
-    req["true_cost_gpu_s"] = _true_cost(req, world)
+def run_summary(result: RunResult, workload: Workload, world: World, req: pd.DataFrame) -> dict[str, dict]:
+    """Measures per tier and for all requests ("all") of one run, from its `records.request_table`."""
+    req = req.assign(true_cost_gpu_s=_true_cost(req, world))
     start, end = measurement_window(workload, world)
     completed = req[req["outcome"] == "completed"]
     req = req[req["arrival_s"] >= start]

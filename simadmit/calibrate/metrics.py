@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from simadmit.calibrate.background import cancel
+
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
@@ -106,12 +108,7 @@ class MetricsSampler:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per phase: mean and max running and waiting requests, max KV usage, number of polls."""

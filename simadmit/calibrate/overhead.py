@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from simadmit.calibrate.background import cancel
+
 
 class OverheadMonitor:
     """Measures the client's CPU share and event-loop lag between `start` and `stop`."""
@@ -37,12 +39,7 @@ class OverheadMonitor:
 
     async def stop(self) -> None:
         self._cpu, self._wall = time.process_time() - self._cpu0, time.perf_counter() - self._wall0
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel(self._task)
 
     def record(self, busy_s: float) -> None:
         """Count one request and the time spent handling its response."""

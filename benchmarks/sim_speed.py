@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 
-from simadmit.resources import default_scenario
-from simadmit.runner import run_scenario
-from simadmit.scenario import load_scenario
-from simadmit.simulation import Simulation, policy_requests
-from simadmit.workload import generate
-from simadmit.world import build_policies, build_world
+from simadmit.config.resources import default_scenario
+from simadmit.study.runner import run_scenario
+from simadmit.config.scenario import load_scenario
+from simadmit.sim.simulation import Simulation, policy_requests
+from simadmit.workload.build import generate
+from simadmit.sim.world import build_policies, build_world
 
 
 def pool16(rate: float, requests: int, policy: str) -> dict[str, object]:

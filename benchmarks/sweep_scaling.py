@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from simadmit.resources import default_scenario
-from simadmit.sweep import parse_param, plan_sweep, run_sweep
+from simadmit.config.resources import default_scenario
+from simadmit.study.sweep import parse_param, plan_sweep, run_sweep
 
 
 def main() -> None:

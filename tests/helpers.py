@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simadmit.runner import ScenarioResult, run_scenario
-from simadmit.scenario import ScenarioSpec, scenario_from_dict
-from simadmit.world import build_world
+from simadmit.study.runner import ScenarioResult, run_scenario
+from simadmit.config.scenario import ScenarioSpec, scenario_from_dict
+from simadmit.sim.world import build_world
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")

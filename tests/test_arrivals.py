@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit.arrivals import (
+from simadmit.workload.arrivals import (
     MMPP2,
     Diurnal,
     GammaRenewal,
@@ -26,7 +26,7 @@ from simadmit.arrivals import (
     iat_cv,
     idc,
 )
-from simadmit.traces import TraceOptions, load_azure, load_mooncake
+from simadmit.workload.traces import TraceOptions, load_azure, load_mooncake
 
 DATA = Path(__file__).parents[1] / "data" / "traces"
 RAMP_SPIKE_DRAIN = Profile(((0, 0.5), (600, 1.0), (900, 3.0), (960, 1.0), (1200, 1.0), (1500, 0.0)))

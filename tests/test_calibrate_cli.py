@@ -10,7 +10,7 @@ import pytest
 
 from simadmit.calibrate.cli import parse_duration
 from simadmit.calibrate.launch import free_port
-from simadmit.errors import InputError
+from simadmit.config.errors import InputError
 
 
 def calibrate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from simadmit.calibrate.measurements import MeasurementLog, read_measurements
 from simadmit.calibrate.overhead import OverheadMonitor
 from simadmit.calibrate.phases import Cell, EndpointLost, Runner, RunnerSettings
 from simadmit.calibrate.prompts import PromptMaker
-from simadmit.errors import InputError
+from simadmit.config.errors import InputError
 
 ENDPOINT = Endpoint("http://fake", "m", 2048, "test")
 SETTINGS = RunnerSettings(max_retries=3, request_timeout_s=0.3, give_up_after_failures=20, backoff_s=0.001)

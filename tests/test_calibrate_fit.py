@@ -21,7 +21,7 @@ from simadmit.calibrate.fit import (
 from simadmit.calibrate.measurements import Measurement
 from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.run import CalibrationConfig, build_profile
-from simadmit.profile import load_profile, save_profile
+from simadmit.config.profile import load_profile, save_profile
 
 TRUE = np.array([0.030, 1.5e-3, 0.4e-3, 1.0e-6, 0.012])  # overhead, prefill, decode seq, context, TTFT offset
 

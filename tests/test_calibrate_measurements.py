@@ -15,7 +15,7 @@ from simadmit.calibrate.measurements import (
     measurements_path,
     read_measurements,
 )
-from simadmit.errors import InputError
+from simadmit.config.errors import InputError
 
 ROW = Measurement(
     phase="decode", concurrency=4, seq=0, attempt=1, model="m", start_unix_s=1.7e9, prompt_tokens_target=128,

@@ -30,7 +30,7 @@ from simadmit.calibrate.fit import decode_step_s, observations
 from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.profile import Profile, load_profile
+from simadmit.config.profile import Profile, load_profile
 from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer, vllm_server_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the first run provisions vLLM in its setup
@@ -225,7 +225,7 @@ def test_check_compares_the_simulator_with_the_endpoint(
 ) -> None:
     """`calibrate check` replays a mixed load on the server and on the simulator with the fitted profile and
     prints predicted vs measured TTFT and inter-token latency; the medians agree within a factor of two."""
-    pytest.importorskip("simadmit.replay")
+    pytest.importorskip("simadmit.fleet.engine_replay")
     from simadmit.calibrate.check import CheckConfig, run_check
 
     table, failed = run_check(

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from simadmit.cli import app
+from simadmit.cli.main import app
 
 runner = CliRunner()
 DEFAULT = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"

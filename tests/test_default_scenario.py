@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from simadmit.resources import default_scenario
-from simadmit.runner import run_scenario
-from simadmit.scenario import load_scenario
-from simadmit.world import build_world
+from simadmit.config.resources import default_scenario
+from simadmit.study.runner import run_scenario
+from simadmit.config.scenario import load_scenario
+from simadmit.sim.world import build_world
 
 
 def simulate(**overrides):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from simadmit.estimator import CostEstimator, OutputLearner
-from simadmit.resources import default_scenario
-from simadmit.runner import run_scenario
-from simadmit.scenario import load_scenario
-from simadmit.world import build_world
+from simadmit.admission.estimator import CostEstimator, OutputLearner
+from simadmit.config.resources import default_scenario
+from simadmit.study.runner import run_scenario
+from simadmit.config.scenario import load_scenario
+from simadmit.sim.world import build_world
 
 
 def test_estimate_is_prefill_plus_decode_time_at_saturation_rates() -> None:

@@ -7,12 +7,12 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simadmit.ledger import COMPLETED
-from simadmit.runner import run_scenario
-from simadmit.scenario import scenario_from_dict
-from simadmit.simulation import Simulation
-from simadmit.workload import generate
-from simadmit.world import build_policies, build_world
+from simadmit.sim.ledger import COMPLETED
+from simadmit.study.runner import run_scenario
+from simadmit.config.scenario import scenario_from_dict
+from simadmit.sim.simulation import Simulation
+from simadmit.workload.build import generate
+from simadmit.sim.world import build_policies, build_world
 from tests.helpers import PROFILE, ROOT
 
 

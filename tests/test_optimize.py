@@ -10,9 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from simadmit.cli import app
-from simadmit.errors import InputError
-from simadmit.optimize import SearchConfig, optimize, parse_dimension, parse_slo, utilization_targets
+from simadmit.cli.main import app
+from simadmit.config.errors import InputError
+from simadmit.study.optimize import SearchConfig, optimize, parse_dimension, parse_slo, utilization_targets
 from tests.helpers import PROFILE
 from tests.queueing import mmc_mean_wait
 

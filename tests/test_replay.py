@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simadmit.profile import load_profile
-from simadmit.replay import replay_on_profile
+from simadmit.config.profile import load_profile
+from simadmit.fleet.engine_replay import replay_on_profile
 from tests.helpers import PROFILE
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simadmit.runner import ScenarioResult, run_study
-from simadmit.scenario import load_scenario
+from simadmit.study.runner import ScenarioResult, run_study
+from simadmit.config.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import simadmit.sweep as sweep_module
-from simadmit.cli import app
-from simadmit.errors import InputError
-from simadmit.runner import run_scenario
-from simadmit.scenario import load_scenario
-from simadmit.sweep import PointStore, parse_param, plan_sweep, process_map, run_sweep
-from simadmit.world import build_world
+import simadmit.study.sweep as sweep_module
+from simadmit.cli.main import app
+from simadmit.config.errors import InputError
+from simadmit.study.runner import run_scenario
+from simadmit.config.scenario import load_scenario
+from simadmit.study.sweep import PointStore, parse_param, plan_sweep, process_map, run_sweep
+from simadmit.sim.world import build_world
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "scenarios" / "default.yaml"

@@ -7,14 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simadmit.sweep import parse_param, plan_sweep, run_sweep
+from simadmit.study.sweep import parse_param, plan_sweep, run_sweep
 from tests.test_sweep import short_scenario
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'simadmit[ray]'")
 
 
 def test_ray_rows_equal_process_rows(tmp_path: Path) -> None:
-    from simadmit.ray_backend import ray_backend
+    from simadmit.study.ray_backend import ray_backend
 
     scenario = short_scenario(tmp_path, duration_s=12)
     params = [

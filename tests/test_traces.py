@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit import tiers
-from simadmit.arrivals import iat_cv, idc
-from simadmit.errors import InputError
-from simadmit.traces import (
+from simadmit.workload import tiers
+from simadmit.workload.arrivals import iat_cv, idc
+from simadmit.config.errors import InputError
+from simadmit.config.resources import bundled_trace
+from simadmit.workload.traces import (
     MAX_LISTED,
     Columns,
     TraceOptions,
-    bundled_trace,
     load_azure,
     load_mooncake,
     load_trace,

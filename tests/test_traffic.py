@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simadmit.errors import InputError
-from simadmit.scenario import scenario_from_dict
-from simadmit.traces import load_azure
-from simadmit.workload import generate
+from simadmit.config.errors import InputError
+from simadmit.config.scenario import scenario_from_dict
+from simadmit.workload.traces import load_azure
+from simadmit.workload.build import generate
 from tests.helpers import PROFILE, ROOT
 
 AZURE = ROOT / "data" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

@@ -21,8 +21,8 @@ import pandas as pd
 from simadmit.calibrate.client import Attempt, discover, normalize_base_url, stream_completion, tokenize
 from simadmit.calibrate.fit import decode_step_s
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.profile import Profile
-from simadmit.replay import replay_on_profile
+from simadmit.config.profile import Profile
+from simadmit.fleet.engine_replay import replay_on_profile
 
 STATS = ("mean", "p50", "p90", "p99")
 

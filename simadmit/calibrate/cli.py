@@ -25,8 +25,8 @@ from simadmit.calibrate.measurements import measurements_path
 from simadmit.calibrate.phases import EndpointLost
 from simadmit.calibrate.report import print_calibration
 from simadmit.calibrate.run import CalibrationConfig, calibrate
-from simadmit.errors import InputError, problem
-from simadmit.profile import load_profile
+from simadmit.config.errors import InputError, problem
+from simadmit.config.profile import load_profile
 
 
 class _PassThroughGroup(TyperGroup):

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from simadmit.errors import InputError, problem
+from simadmit.config.errors import InputError, problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simadmit.calibrate.measurements import Measurement
-from simadmit.profile import StepTimeModel
+from simadmit.config.profile import StepTimeModel
 
 COEFFICIENTS = (
     "overhead_s",

@@ -15,7 +15,7 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
 
-from simadmit.errors import InputError, problem
+from simadmit.config.errors import InputError, problem
 
 OK = "ok"
 

@@ -24,7 +24,7 @@ from simadmit.calibrate.client import Endpoint, RequestRejected, stream_completi
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, cell_progress
 from simadmit.calibrate.overhead import OverheadMonitor
 from simadmit.calibrate.prompts import PromptMaker
-from simadmit.errors import InputError, problem
+from simadmit.config.errors import InputError, problem
 
 PHASE_SHARES = {"warmup": 0.04, "prefill": 0.28, "decode": 0.44, "saturation": 0.19}  # the rest: drain tails
 

@@ -25,8 +25,8 @@ from simadmit.calibrate.metrics import CacheConfig, MetricsSampler, parse_cache_
 from simadmit.calibrate.overhead import OverheadMonitor
 from simadmit.calibrate.phases import Cell, Runner, RunnerSettings, aggregate_throughput, plan_cells
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.errors import InputError, problem
-from simadmit.profile import EngineLimits, Profile, profile_from_dict, save_profile, summary_figures
+from simadmit.config.errors import InputError, problem
+from simadmit.config.profile import EngineLimits, Profile, profile_from_dict, save_profile, summary_figures
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,3 @@
+from simadmit.cli.main import app
+
+__all__ = ["app"]

@@ -1,0 +1,181 @@
+"""Calibration profile: the engine's cost model for one model on one GPU type and parallelism.
+
+This YAML file is the contract between `simadmit calibrate` (which writes it from measurements) and the
+simulator (which reads it). One engine iteration (a "step") lasts
+
+    overhead_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decode sequences
+               + per_context_token_s * context tokens held by the scheduled sequences
+
+and the summary figures (prefill and decode tokens per GPU-second) feed the admission `CostEstimator`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
+
+
+class _StepTimeModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    overhead_s: float = Field(ge=0, description="fixed cost of one engine iteration")
+    per_prefill_token_s: float = Field(ge=0, description="cost of each prompt token computed in the step")
+    per_decode_seq_s: float = Field(ge=0, description="cost of each sequence decoding one token in the step")
+    per_context_token_s: float = Field(ge=0, description="cost of each KV token held by scheduled sequences")
+
+
+class _EngineLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_num_seqs: int = Field(gt=0, description="most sequences in one batch (vLLM --max-num-seqs)")
+    max_num_batched_tokens: int = Field(gt=0, description="token budget of one step (vLLM default 8192 on H100)")
+    max_model_len: int = Field(gt=0, description="longest prompt + output the server accepts")
+
+
+class _Summary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefill_tokens_per_gpu_s: float = Field(gt=0, description="prompt tokens per GPU-second at saturation")
+    decode_tokens_per_gpu_s: float = Field(gt=0, description="output tokens per GPU-second at full batch")
+
+
+class _ProfileFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    gpu: str
+    gpus_per_replica: int = Field(default=1, gt=0, description="GPUs one replica spans (tensor x pipeline)")
+    tensor_parallel: int = Field(default=1, gt=0)
+    source: str = Field(default="", description="where the numbers come from")
+    step_time: _StepTimeModel
+    kv_capacity_tokens: int = Field(gt=0, description="KV-cache capacity of one replica, in tokens")
+    kv_block_size: int = Field(default=16, gt=0)
+    engine: _EngineLimits
+    summary: _Summary
+    fit: dict[str, object] = Field(default_factory=dict, description="fit quality reported by calibrate")
+    warnings: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    """Linear cost of one engine iteration, in seconds."""
+
+    overhead_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    per_context_token_s: float
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Duration of one step that computes these prefill tokens and decodes these sequences."""
+        return (
+            self.overhead_s
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_decode_seq_s * decode_seqs
+            + self.per_context_token_s * context_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A calibrated cost model for one model on one GPU type and parallelism (see module docstring)."""
+
+    model: str
+    gpu: str
+    step_time: StepTimeModel
+    kv_capacity_tokens: int
+    engine: EngineLimits
+    prefill_tokens_per_gpu_s: float
+    decode_tokens_per_gpu_s: float
+    gpus_per_replica: int = 1
+    tensor_parallel: int = 1
+    kv_block_size: int = 16
+    source: str = ""
+    fit: dict[str, object] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """The YAML layout of this profile (inverse of `load_profile`)."""
+        d = asdict(self)
+        return {
+            "model": self.model,
+            "gpu": self.gpu,
+            "gpus_per_replica": self.gpus_per_replica,
+            "tensor_parallel": self.tensor_parallel,
+            "source": self.source,
+            "step_time": d["step_time"],
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_block_size": self.kv_block_size,
+            "engine": d["engine"],
+            "summary": {
+                "prefill_tokens_per_gpu_s": self.prefill_tokens_per_gpu_s,
+                "decode_tokens_per_gpu_s": self.decode_tokens_per_gpu_s,
+            },
+            "fit": dict(self.fit),
+            "warnings": list(self.warnings),
+        }
+
+
+def summary_figures(
+    step: StepTimeModel, limits: EngineLimits, kv_capacity_tokens: int, gpus: int, ref_context: int = 1024
+) -> tuple[float, float]:
+    """Prefill and decode tokens per GPU-second implied by a step model.
+
+    Prefill: a full token budget of prompt tokens in one step. Decode: the largest batch that fits both
+    `max_num_seqs` and the KV cache with `ref_context` tokens per sequence.
+    """
+    budget = limits.max_num_batched_tokens
+    prefill = budget / step.step_time(budget, 0, budget) / gpus
+    batch = max(1, min(limits.max_num_seqs, kv_capacity_tokens // max(1, ref_context)))
+    decode = batch / step.step_time(0, batch, batch * ref_context) / gpus
+    return prefill, decode
+
+
+def profile_from_dict(data: object, source: str | Path | None = None) -> Profile:
+    """Validate a parsed profile document; raise `InputError` naming the file and each bad field."""
+    try:
+        p = _ProfileFile.model_validate(data)
+    except ValidationError as e:
+        raise InputError(pydantic_problems(source, e)) from None
+    if p.engine.max_num_batched_tokens < p.engine.max_num_seqs:
+        raise InputError(
+            [problem(source, "engine.max_num_batched_tokens", "must be at least engine.max_num_seqs (as in vLLM)")]
+        )
+    return Profile(
+        model=p.model,
+        gpu=p.gpu,
+        step_time=StepTimeModel(**p.step_time.model_dump()),
+        kv_capacity_tokens=p.kv_capacity_tokens,
+        engine=EngineLimits(**p.engine.model_dump()),
+        prefill_tokens_per_gpu_s=p.summary.prefill_tokens_per_gpu_s,
+        decode_tokens_per_gpu_s=p.summary.decode_tokens_per_gpu_s,
+        gpus_per_replica=p.gpus_per_replica,
+        tensor_parallel=p.tensor_parallel,
+        kv_block_size=p.kv_block_size,
+        source=p.source,
+        fit=dict(p.fit),
+        warnings=tuple(p.warnings),
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a calibration profile YAML file."""
+    path = Path(path)
+    data = read_yaml(path, "calibration profile")
+    return profile_from_dict(data, path)
+
+
+def save_profile(profile: Profile, path: str | Path, header: str = "") -> None:
+    """Write a profile as YAML, with an optional comment header (e.g. fit warnings)."""
+    text = yaml.safe_dump(profile.to_dict(), sort_keys=False)
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"# WARNING: {w}" for w in profile.warnings]
+    Path(path).write_text(("\n".join(lines) + "\n" if lines else "") + text)
+

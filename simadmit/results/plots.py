@@ -1,0 +1,206 @@
+"""Plots: the figures people would rather look at than read, as matplotlib `Figure` objects.
+
+From a sweep table: p99 TTFT and p99 E2E against GPU utilization (the hockey stick, and how admission
+control flattens it), rejection rate and goodput against offered load, one curve per policy. From a
+single run's tables: latency CDFs and a timeline of queue depth, in-flight GPU-seconds and rejections.
+Figures are built without pyplot (no global state, no display needed); `plot_directory` writes each as
+PNG and SVG. GPU utilization is work utilization: GPU-seconds of completed work at the profile's
+saturation rates over GPU-seconds available, which (unlike a dashboard's busy fraction) keeps rising
+with load until the pool is saturated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+
+from simadmit.study.sweep import curves
+
+_COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
+_OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
+_DASHES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D")
+
+
+def _color(name: str, index: int) -> str:
+    return _COLORS.get(name, _OTHER[index % len(_OTHER)])
+
+
+def _series(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFrame]]:
+    """(label, line style, rows) per curve, labelled by the settings that split it.
+
+    Curves of one policy share its colour, darker and with another dash and marker for each setting.
+    """
+    out: list[tuple[str, dict[str, object], pd.DataFrame]] = []
+    seen: dict[str, int] = {}
+    for policy, settings, rows in curves(table):
+        label = ", ".join(f"{p.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{p.split('.')[-1]}={v}"
+                          for p, v in settings.items())  # fmt: skip
+        k = seen[policy] = seen.get(policy, -1) + 1
+        base = np.array(to_rgb(_color(policy, len(seen) - 1)))
+        style: dict[str, object] = {"color": tuple(base * (1 - 0.22 * min(k, 3))), "linestyle": _DASHES[k % 4],
+                                     "marker": _MARKERS[k % 4]}  # fmt: skip
+        out.append((f"{policy}, {label}" if label else policy, style, rows))
+    return out
+
+
+def _sla_line(ax: Axes, value: float | None, vertical: bool = False) -> None:
+    if value is None or not math.isfinite(value):
+        return
+    line = ax.axvline if vertical else ax.axhline
+    line(value, color="black", linestyle="--", linewidth=1, label=f"SLA {value:g} s")
+
+
+def _curve(
+    ax: Axes, x: np.ndarray, y: np.ndarray, err: np.ndarray | None, label: str, style: dict[str, object]
+) -> None:
+    ax.plot(x, y, markersize=3, label=label, **style)  # type: ignore[arg-type]
+    if err is not None and np.isfinite(err).any():
+        ax.fill_between(x, y - err, y + err, color=style["color"], alpha=0.15, linewidth=0)
+
+
+def _ci(rows: pd.DataFrame, measure: str) -> np.ndarray | None:
+    col = f"{measure}_ci95"
+    return rows[col].to_numpy(dtype=float) if col in rows else None
+
+
+def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float] | None = None) -> Figure:
+    """p99 TTFT and p99 E2E of `tier` against the pool's GPU utilization, one curve per policy."""
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    util = table[table["tier"] == "all"].set_index(["point", "policy"])
+    for label, style, rows in _series(table[table["tier"] == tier]):
+        pool = util.loc[list(zip(rows["point"], rows["policy"], strict=True))]
+        x = 100 * pool["work_utilization"].to_numpy(dtype=float)
+        for ax, measure in zip(axes, ("ttft_p99_s", "e2e_p99_s"), strict=True):
+            _curve(ax, x, rows[measure].to_numpy(dtype=float), _ci(rows, measure), label, style)
+    for ax, (key, name) in zip(
+        axes, (("ttft_s", "p99 TTFT"), ("e2e_s", "p99 end-to-end latency")), strict=True
+    ):
+        _sla_line(ax, (slo or {}).get(key))
+        ax.set_xlabel("GPU utilization (work done / GPU capacity, %)")
+        ax.set_ylabel(f"{name} (s)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{tier}: p99 latency vs GPU utilization")
+    return fig
+
+
+def _vs_load(table: pd.DataFrame, tier: str, measure: str, scale: float, ylabel: str, title: str) -> Figure:
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for label, style, rows in _series(table[table["tier"] == tier]):
+        err = _ci(rows, measure)
+        _curve(ax, rows["arrival_rate_rps"].to_numpy(dtype=float), scale * rows[measure].to_numpy(dtype=float),
+               None if err is None else scale * err, label, style)  # fmt: skip
+    ax.set_xlabel("offered load (requests/s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def rejection_vs_load(table: pd.DataFrame, tier: str) -> Figure:
+    """Share of `tier`'s requests finally rejected, against the offered load."""
+    fig = _vs_load(table, tier, "rejection_rate", 100.0, "rejection rate (%)", f"{tier}: rejections vs load")
+    fig.axes[0].legend(fontsize=8)
+    return fig
+
+
+def goodput_vs_load(table: pd.DataFrame, tier: str) -> Figure:
+    """Requests per second completed within `tier`'s SLA, against the offered load (dotted: all of it)."""
+    fig = _vs_load(
+        table, tier, "goodput_rps", 1.0, "goodput (requests/s within SLA)", f"{tier}: goodput vs load"
+    )
+    ax = fig.axes[0]
+    top = float(table.loc[table["tier"] == tier, "arrival_rate_rps"].max())
+    ax.plot([0, top], [0, top], color="gray", linestyle=":", linewidth=1, label="offered load")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def latency_cdfs(requests: pd.DataFrame, slo: dict[str, dict[str, float]] | None = None) -> Figure:
+    """CDFs of TTFT and E2E of completed requests, one row per tier, one curve per policy (first seed)."""
+    done = requests[(requests["decision"] == "admit") & (requests["outcome"] == "completed")]
+    done = done[done["seed"] == done["seed"].min()]
+    tiers = [str(t) for t in pd.unique(done["tier"])]
+    fig = Figure(figsize=(11, 3.6 * max(len(tiers), 1)), layout="constrained")
+    axes = fig.subplots(max(len(tiers), 1), 2, squeeze=False)
+    for row, tier in zip(axes, tiers, strict=False):
+        for i, (policy, rows) in enumerate(
+            done[done["tier"] == tier].groupby("policy", sort=False, observed=True)
+        ):
+            for ax, measure in zip(row, ("ttft_s", "e2e_s"), strict=True):
+                q = np.linspace(0, 1, min(len(rows), 1000))  # quantiles: the curve without 10^5 steps
+                x = np.quantile(rows[measure].to_numpy(dtype=float), q)
+                ax.plot(x, q, label=str(policy), color=_color(str(policy), i))
+        for ax, (key, name) in zip(row, (("ttft_s", "TTFT"), ("e2e_s", "end-to-end latency")), strict=True):
+            _sla_line(ax, (slo or {}).get(tier, {}).get(key), vertical=True)
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{name} (s)")
+            ax.set_ylabel("fraction of completed requests")
+            ax.set_title(f"{tier}: {name} CDF")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    return fig
+
+
+def timeline(timeseries: pd.DataFrame, seed: int | None = None) -> Figure:
+    """Queued requests, in-flight GPU-seconds and rejections per second over one run, per policy."""
+    seed = int(timeseries["seed"].min()) if seed is None else seed
+    ts = timeseries[timeseries["seed"] == seed]
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    panels = (("queued", "queued requests"), ("in_flight_gpu_s", "in-flight work (GPU-s)"),
+              ("rejects", "rejections (per s)"))  # fmt: skip
+    for i, (policy, rows) in enumerate(ts.groupby("policy", sort=False)):
+        for ax, (col, _) in zip(axes, panels, strict=True):
+            ax.plot(rows["t_s"], rows[col], label=str(policy), color=_color(str(policy), i), linewidth=1)
+    for ax, (_, label) in zip(axes, panels, strict=True):
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[-1].set_xlabel("simulated time (s)")
+    fig.suptitle(f"timeline of one run (seed {seed})")
+    return fig
+
+
+def _save(fig: Figure, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=130)
+    return paths
+
+
+def plot_directory(directory: Path, slo: dict[str, dict[str, float]] | None = None) -> list[Path]:
+    """Every figure the directory's tables allow (a sweep's curves, a run's CDFs and timeline), PNG + SVG.
+
+    SLA lines come from `slo` (tier -> {"ttft_s", "e2e_s"}) or, for a sweep, from its sweep.json.
+    """
+    written: list[Path] = []
+    if (directory / "sweep.parquet").is_file():
+        table = pd.read_parquet(directory / "sweep.parquet")
+        meta = directory / "sweep.json"
+        slo = slo or (json.loads(meta.read_text())["tier_slo"] if meta.is_file() else {})
+        tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
+        for tier in [t for t in tiers if t != "all"] + ["all"]:
+            written += _save(
+                latency_vs_utilization(table, tier, slo.get(tier)), directory, f"p99_vs_utilization_{tier}"
+            )
+            written += _save(rejection_vs_load(table, tier), directory, f"rejection_vs_load_{tier}")
+            written += _save(goodput_vs_load(table, tier), directory, f"goodput_vs_load_{tier}")
+    if (directory / "requests.parquet").is_file():
+        written += _save(
+            latency_cdfs(pd.read_parquet(directory / "requests.parquet"), slo), directory, "latency_cdf"
+        )
+    if (directory / "timeseries.parquet").is_file():
+        written += _save(timeline(pd.read_parquet(directory / "timeseries.parquet")), directory, "timeline")
+    return written

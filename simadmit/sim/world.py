@@ -1,0 +1,160 @@
+"""World: the runtime configuration of a simulation, built once from a validated scenario.
+
+Plain frozen dataclasses (no pydantic in the inner loop): pools with their resolved profiles and engine
+limits, gateway and client settings, and one `AdmissionPolicy` object per policy to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simadmit.admission import policies
+from simadmit.fleet.autoscaler import AutoscalerConfig
+from simadmit.workload.distributions import Distribution
+from simadmit.fleet.engine import BatchLimits
+from simadmit.admission.estimator import CostEstimator
+from simadmit.config.profile import Profile, load_profile
+from simadmit.config.resources import resolve_profile
+from simadmit.config.scenario import (
+    ClassicalEngineSpec,
+    GpuSecondsSpec,
+    PolicySpec,
+    PoolSpec,
+    QueueDepthSpec,
+    ScenarioSpec,
+    policy_name,
+)
+from simadmit.workload.build import distribution
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    profile: Profile
+    replicas: int
+    gpus_per_replica: int
+    tiers: tuple[int, ...]  # indices of the tiers it serves
+    limits: BatchLimits
+    max_request_tokens: int  # longer prompt + max_tokens gets a 400, as vLLM answers
+    service: Distribution | None = None  # set: a classical server with this service time
+    autoscaler: AutoscalerConfig | None = None
+    cold_start: Distribution | None = None
+
+    @property
+    def estimator(self) -> CostEstimator:
+        return CostEstimator.from_profile(self.profile)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    replicas: int
+    poll_interval_s: float
+    routing: str
+    dispatch: str
+    estimate_output: str = "max_tokens"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    max_retries: int
+    honor_retry_after: bool
+    backoff_base_s: float
+    backoff_cap_s: float
+    jitter: str
+    abandon_after_s: float | None
+    retry_budget_ratio: float | None = None
+    retry_budget_burst: float = 10.0
+
+
+@dataclass(frozen=True)
+class World:
+    pools: tuple[PoolConfig, ...]
+    gateway: GatewayConfig
+    clients: ClientConfig
+    tier_names: tuple[str, ...]
+    tier_ttft_slo: tuple[float, ...]
+    tier_e2e_slo: tuple[float, ...]
+    warmup_s: float
+
+
+def build_policy(spec: PolicySpec) -> policies.AdmissionPolicy:
+    if isinstance(spec, QueueDepthSpec):
+        return policies.QueueDepth(spec.max_queued, spec.retry_after_s)
+    if isinstance(spec, GpuSecondsSpec):
+        return policies.GpuSeconds(
+            dict(spec.budgets_s),
+            spec.default_budget_s,
+            spec.headroom,
+            spec.max_pool_gpu_seconds,
+            dict(spec.tier_max_gpu_seconds),
+        )
+    return policies.Unconditional()
+
+
+def build_policies(spec: ScenarioSpec) -> dict[str, policies.AdmissionPolicy]:
+    return {policy_name(p): build_policy(p) for p in spec.policies}
+
+
+def _autoscaler(pool: PoolSpec) -> AutoscalerConfig | None:
+    a = pool.autoscaler
+    if a is None:
+        return None
+    return AutoscalerConfig(
+        a.metric, a.target, a.min_replicas, a.max_replicas, a.sync_period_s, a.tolerance,
+        a.scale_up_stabilization_s, a.scale_down_stabilization_s,
+    )  # fmt: skip
+
+
+def build_world(spec: ScenarioSpec, base: Path) -> World:
+    tier_names = tuple(t.name for t in spec.workload.tiers)
+    pools = []
+    for p in spec.pools:
+        path = resolve_profile(p.profile, base)
+        assert path is not None, "checked when the scenario was loaded"
+        profile = load_profile(path)
+        e = p.engine
+        if isinstance(e, ClassicalEngineSpec):
+            limits = BatchLimits(1, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens)
+            service: Distribution | None = distribution(e.service_time)
+        else:
+            limits = BatchLimits(
+                e.max_num_seqs or profile.engine.max_num_seqs,
+                e.max_num_batched_tokens or profile.engine.max_num_batched_tokens,
+                e.kv_capacity_tokens or profile.kv_capacity_tokens,
+            )
+            service = None
+        served = p.tiers or list(tier_names)
+        pools.append(
+            PoolConfig(
+                name=p.name,
+                profile=profile,
+                replicas=p.replicas,
+                gpus_per_replica=p.gpus_per_replica or profile.gpus_per_replica,
+                tiers=tuple(tier_names.index(t) for t in served),
+                limits=limits,
+                max_request_tokens=min(profile.engine.max_model_len, limits.kv_capacity_tokens),
+                service=service,
+                autoscaler=_autoscaler(p),
+                cold_start=distribution(p.autoscaler.cold_start_s) if p.autoscaler else None,
+            )
+        )
+    g, c = spec.gateway, spec.clients
+    return World(
+        pools=tuple(pools),
+        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),
+        clients=ClientConfig(
+            c.max_retries,
+            c.honor_retry_after,
+            c.backoff.base_s,
+            c.backoff.cap_s,
+            c.backoff.jitter,
+            c.abandon_after_s,
+            c.retry_budget.ratio if c.retry_budget else None,
+            c.retry_budget.burst if c.retry_budget else 10.0,
+        ),
+        tier_names=tier_names,
+        tier_ttft_slo=tuple(t.slo.ttft_s for t in spec.workload.tiers),
+        tier_e2e_slo=tuple(t.slo.e2e_s for t in spec.workload.tiers),
+        warmup_s=spec.workload.warmup_s,
+    )

@@ -1,0 +1,121 @@
+"""Runner: every policy of a scenario over the same workloads, replication by replication.
+
+Replication r uses seed `seed + r` for its workload and client jitter; all policies of a replication
+share that workload, so differences between policies are never differences in traffic. A scenario's
+variants (other settings to compare) each run all policies on the same seeds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from simadmit.results import records
+from simadmit.results import summary
+from simadmit.config.scenario import ScenarioSpec, variant_spec
+from simadmit.sim.simulation import Simulation, policy_requests
+from simadmit.workload.build import generate
+from simadmit.sim.world import World, build_policies, build_world
+
+Progress = Callable[[str, int, int], None]  # (label, done, total)
+
+
+@dataclass
+class ScenarioResult:
+    """Tables and summary of a scenario's runs."""
+
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    summary: dict[str, dict[str, dict]]  # policy -> tier (or "all") -> measure
+    runs: dict[str, list[dict[str, dict]]] = field(default_factory=dict)  # per-replication summaries
+    events: int = 0
+    simulated_requests: int = 0
+
+
+def run_scenario(
+    spec: ScenarioSpec,
+    world: World,
+    seed: int | None = None,
+    replications: int = 1,
+    progress: Progress | None = None,
+    keep_tables: bool = True,
+) -> ScenarioResult:
+    """Simulate each policy on each replication's workload; summarise with confidence intervals."""
+    base_seed = spec.workload.seed if seed is None else seed
+    policies = build_policies(spec)
+    per_policy: dict[str, list[dict[str, dict]]] = {name: [] for name in policies}
+    request_frames, series_frames = [], []
+    events = simulated = 0
+    for r in range(replications):
+        s = base_seed + r
+        workload = generate(spec.workload, s)
+        shared = policy_requests(workload)
+        for name, policy in policies.items():
+            label, n = f"{name} (seed {s})", len(workload)
+            tick = None
+            if progress is not None:
+                progress(label, 0, n)
+                tick = functools.partial(_tick, progress, label, n)
+            result = Simulation(world, workload, policy, s, shared, progress=tick).run(name)
+            if progress is not None:
+                progress(label, n, n)
+            events += result.events
+            simulated += len(workload)
+            table = records.request_table(result, workload, world)  # built once, read three ways
+            per_policy[name].append(summary.run_summary(result, workload, world, table))
+            if keep_tables:
+                request_frames.append(records.requests_frame(result, table))
+                series_frames.append(records.timeseries_frame(result, table))
+    return ScenarioResult(
+        requests=pd.concat(request_frames, ignore_index=True) if request_frames else pd.DataFrame(),
+        timeseries=pd.concat(series_frames, ignore_index=True) if series_frames else pd.DataFrame(),
+        summary={name: summary.combine(runs) for name, runs in per_policy.items()},
+        runs=per_policy,
+        events=events,
+        simulated_requests=simulated,
+    )
+
+
+def _tick(progress: Progress, label: str, total: int, done: int) -> None:
+    progress(label, done, total)
+
+
+def run_study(
+    spec: ScenarioSpec,
+    base: Path,
+    seed: int | None = None,
+    replications: int = 1,
+    progress: Progress | None = None,
+    keep_tables: bool = True,
+) -> ScenarioResult:
+    """Run a scenario, or each of its variants: results are keyed `variant/policy` when there are variants."""
+    if not spec.variants:
+        return run_scenario(spec, build_world(spec, base), seed, replications, progress, keep_tables)
+    parts = []
+    for variant in spec.variants:
+        vspec = variant_spec(spec, variant)
+        result = run_scenario(vspec, build_world(vspec, base), seed, replications, progress, keep_tables)
+        parts.append((variant.name, result))
+    return _merge(parts)
+
+
+def _merge(parts: list[tuple[str, ScenarioResult]]) -> ScenarioResult:
+    def tagged(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        frame = frame.copy()
+        frame["policy"] = name + "/" + frame["policy"].astype(str)
+        return frame
+
+    return ScenarioResult(
+        requests=pd.concat([tagged(r.requests, n) for n, r in parts], ignore_index=True),
+        timeseries=pd.concat([tagged(r.timeseries, n) for n, r in parts], ignore_index=True),
+        summary={f"{n}/{p}": s for n, r in parts for p, s in r.summary.items()},
+        runs={f"{n}/{p}": s for n, r in parts for p, s in r.runs.items()},
+        events=sum(r.events for _, r in parts),
+        simulated_requests=sum(r.simulated_requests for _, r in parts),
+    )

@@ -1,0 +1,299 @@
+"""Request traces: read a recorded stream of requests into a table the workload can replay.
+
+A trace is a file with one request per row: when it arrived, how many prompt tokens it sent and how many
+tokens it generated. Readers exist for the Azure LLM inference trace (CSV), the Mooncake format (JSONL,
+which other LLM benchmarks read too) and any CSV/JSONL/Parquet file through a column mapping. Every reader
+returns the same table, sorted by arrival:
+
+    arrival_s       float, seconds from the window start (trace time start_s; the trace's first request
+                    is at trace time 0), divided by the speed-up
+    prompt_tokens   int >= 1
+    output_tokens   int >= 1, the truth the gateway never sees
+    tier            str, only when the mapping names a tier column
+
+Options apply in a fixed order: drop malformed rows (or fail), sort, measure time from the trace's first
+request, optionally jitter quantized timestamps within their bucket, keep the window [start_s, end_s) of
+trace time, keep a seeded random fraction of rows, then shift to the window start and divide by the
+speed-up. The sample is drawn over the whole trace, so the window does not change which requests are kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+import numpy as np
+import pandas as pd
+
+from simadmit.config.errors import InputError, problem
+from simadmit.config.resources import TRACE_SUFFIXES
+
+MAX_LISTED = 10  # malformed rows listed one per line; the rest are counted
+_UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Where the fields of a request are in a trace file (column names, or JSON keys)."""
+
+    arrival: str
+    prompt_tokens: str
+    output_tokens: str
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = "s"
+    tier: str | None = None
+
+
+AZURE_COLUMNS = Columns("TIMESTAMP", "ContextTokens", "GeneratedTokens", arrival_unit="datetime")
+MOONCAKE_COLUMNS = Columns("timestamp", "input_length", "output_length", arrival_unit="ms")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """How to replay a trace; times are in trace seconds, measured from the trace's first request."""
+
+    start_s: float = 0.0
+    end_s: float = float("inf")
+    speedup: float = 1.0  # 2.0 replays twice as fast: arrival times are divided by it
+    sample: float = 1.0  # fraction of requests kept, each independently with this probability
+    seed: int = 0  # seeds the sample and the jitter (separate streams)
+    bucket_jitter: bool = False  # spread requests sharing a quantized timestamp uniformly over their bucket
+    on_error: Literal["fail", "skip"] = "fail"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start_s < self.end_s:
+            raise ValueError(f"need 0 <= start_s < end_s, got {self.start_s} and {self.end_s}")
+        if not self.speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {self.speedup}")
+        if not 0 < self.sample <= 1:
+            raise ValueError(f"sample must be in (0, 1], got {self.sample}")
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    """A loaded trace: the table, how many malformed rows were skipped, and the first few reasons."""
+
+    frame: pd.DataFrame
+    skipped: int
+    problems: tuple[str, ...]  # at most MAX_LISTED lines, `file: line N: what is wrong`
+    source: Path
+
+
+def load_azure(path: str | Path, options: TraceOptions = TraceOptions()) -> TraceLoad:
+    """The Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    return load_trace(path, AZURE_COLUMNS, options)
+
+
+def load_mooncake(path: str | Path, options: TraceOptions = TraceOptions()) -> TraceLoad:
+    """A Mooncake JSONL trace (timestamp in ms, input_length, output_length).
+
+    Mooncake's published timestamps are quantized to ~3 s buckets: by default requests of a bucket arrive
+    together, as a batch; `bucket_jitter=True` spreads them uniformly within their bucket instead.
+    """
+    return load_trace(path, MOONCAKE_COLUMNS, options)
+
+
+def load_trace(path: str | Path, columns: Columns, options: TraceOptions = TraceOptions()) -> TraceLoad:
+    """Read a CSV, JSONL or Parquet trace (optionally gzipped, except Parquet) through a column mapping."""
+    path = Path(path)
+    fields = {"arrival": columns.arrival, "prompt_tokens": columns.prompt_tokens}
+    fields |= {"output_tokens": columns.output_tokens} | ({"tier": columns.tier} if columns.tier else {})
+    raw, where = _read(path, list(dict.fromkeys(fields.values())))
+    parsed, bad = _parse(raw, fields, columns.arrival_unit)
+    problems = [problem(path, where[i], msg) for i, msg in sorted(bad.items())]
+    if problems and options.on_error == "fail":
+        extra = len(problems) - MAX_LISTED
+        more = [f"{path}: ... and {extra} more malformed rows"] if extra > 0 else []
+        raise InputError([*problems[:MAX_LISTED], *more])
+    good = np.ones(len(where), dtype=bool)
+    good[list(bad)] = False
+    frame = _replay(pd.DataFrame({k: v[good] for k, v in parsed.items()}), options)
+    if frame.empty:
+        raise InputError(
+            [problem(path, None, "no requests left after malformed rows, the time window and sampling")]
+        )
+    return TraceLoad(frame, len(problems), tuple(problems[:MAX_LISTED]), path)
+
+
+# --- reading: raw values and where each row came from -------------------------------------------------
+
+
+def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[str]]:
+    """Raw values of the named columns, and for each row its place in the file ('line N' or 'row N')."""
+    if not path.is_file():
+        raise InputError([problem(path, None, "trace file not found")])
+    kind = TRACE_SUFFIXES.get(path.suffix if path.suffix != ".gz" else Path(path.stem).suffix)
+    if kind is None:
+        raise InputError([problem(path, None, f"unknown trace format; use one of {', '.join(TRACE_SUFFIXES)}")])
+    if kind == "parquet":
+        table = pd.read_parquet(path)
+        _require(path, names, list(table.columns))
+        return {n: table[n].tolist() for n in names}, [f"row {i}" for i in range(1, len(table) + 1)]
+    with _open(path) as f:
+        rows = _csv_rows(path, f, names) if kind == "csv" else _jsonl_rows(path, f, names)
+        raw: dict[str, list[object]] = {n: [] for n in names}
+        where = []
+        for line, values in rows:
+            where.append(f"line {line}")
+            for n, v in zip(names, values, strict=True):
+                raw[n].append(v)
+    return raw, where
+
+
+def _open(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return path.open(encoding="utf-8", newline="")
+
+
+def _require(path: Path, names: list[str], present: list[str]) -> None:
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise InputError(
+            [problem(path, None, f"no column {n!r} (columns: {', '.join(present)})") for n in missing]
+        )
+
+
+def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
+    """(line number, values) per record; a record with the wrong number of fields yields None values."""
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+        raise InputError([problem(path, None, "empty file, expected a header line")])
+    _require(path, names, header)
+    idx = [header.index(n) for n in names]
+    for record in reader:
+        if not record:
+            continue  # blank line
+        if len(record) != len(header):
+            yield reader.line_num, [_WrongWidth(len(record), len(header))] * len(names)
+        else:
+            yield reader.line_num, [record[i] for i in idx]
+
+
+def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
+    for line, text in enumerate(f, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            yield line, [_NotJSON(e.msg)] * len(names)
+            continue
+        if not isinstance(obj, dict):
+            yield line, [_NotJSON("not a JSON object")] * len(names)
+        else:
+            yield line, [obj.get(n, _MISSING) for n in names]
+
+
+@dataclass(frozen=True, slots=True)
+class _WrongWidth:
+    found: int
+    expected: int
+
+    def __str__(self) -> str:
+        return f"expected {self.expected} comma-separated fields, found {self.found}"
+
+
+@dataclass(frozen=True, slots=True)
+class _NotJSON:
+    reason: str
+
+    def __str__(self) -> str:
+        return f"not valid JSON ({self.reason})"
+
+
+_MISSING = object()
+
+
+# --- parsing: typed columns and one message per malformed row ------------------------------------------
+
+
+def _parse(
+    raw: dict[str, list[object]], fields: dict[str, str], unit: str
+) -> tuple[dict[str, np.ndarray], dict[int, str]]:
+    """Typed arrays per field (garbage in malformed rows) and {row index: first problem of that row}."""
+    bad: dict[int, str] = {}
+    for values in raw.values():  # row-level problems first: they make every field meaningless
+        for i, v in enumerate(values):
+            if isinstance(v, _WrongWidth | _NotJSON):
+                bad.setdefault(i, str(v))
+    parsed = {}
+    for field, name in fields.items():
+        values = raw[name]
+        if field == "arrival":
+            arr, ok = _times(values, unit)
+            what = "is not a date-time" if unit == "datetime" else "is not a finite number"
+        elif field == "tier":
+            arr = np.array([v if isinstance(v, str) else "" for v in values], dtype=object)
+            ok, what = arr != "", "is not a non-empty string"
+        else:
+            num = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
+            ok = np.isfinite(num) & (num == np.round(num)) & (num >= 1)
+            arr, what = np.where(ok, num, 1).astype(np.int64), "is not a whole number >= 1"
+        parsed[field] = arr
+        for j in np.flatnonzero(~ok):
+            v = values[j]
+            text = "is missing" if _is_missing(v) else f"{v!r} {what}"
+            bad.setdefault(int(j), f"{name} {text}")
+    return parsed, bad
+
+
+def _is_missing(v: object) -> bool:
+    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT."""
+    return v is _MISSING or v is None or v is pd.NaT or v == "" or (isinstance(v, float) and math.isnan(v))
+
+
+def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times as seconds relative to the earliest valid one, and which rows are valid.
+
+    Differences are taken in the file's own unit (integer nanoseconds for date-times) before converting
+    to seconds, so e.g. 1500 ms after the first request is exactly 1.5 s.
+    """
+    series = pd.Series([None if v is _MISSING else v for v in values], dtype=object)
+    if unit == "datetime":
+        stamps = pd.to_datetime(series, format="ISO8601", errors="coerce", utc=True)
+        ok = stamps.notna().to_numpy()
+        ns = stamps.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64)
+        t0 = ns[ok].min() if ok.any() else 0
+        return (ns - t0) / 1e9, ok
+    num = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(num)
+    t0 = num[ok].min() if ok.any() else 0.0
+    return (num - t0) / _UNIT_SECONDS[unit], ok
+
+
+# --- replay options -------------------------------------------------------------------------------------
+
+
+def _replay(frame: pd.DataFrame, o: TraceOptions) -> pd.DataFrame:
+    frame = frame.sort_values("arrival", kind="stable", ignore_index=True)
+    t = frame.pop("arrival").to_numpy(dtype=float)
+    t = t - t[0] if len(t) else t  # the first valid request is 0 only after dropping malformed rows
+    if o.bucket_jitter:
+        t = _jitter(t, np.random.default_rng([o.seed, 1]))
+    keep = (t >= o.start_s) & (t < o.end_s)
+    if o.sample < 1:
+        keep &= np.random.default_rng([o.seed, 0]).random(len(t)) < o.sample
+    out = frame.loc[keep].reset_index(drop=True)
+    out.insert(0, "arrival_s", (t[keep] - o.start_s) / o.speedup)
+    return out
+
+
+def _jitter(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Spread requests sharing a timestamp uniformly over [stamp, stamp + bucket).
+
+    The bucket is the median step between distinct timestamps, cut at the next distinct timestamp, so
+    requests stay in their bucket and buckets keep their order and counts.
+    """
+    stamps, inverse = np.unique(t, return_inverse=True)
+    if len(stamps) < 2:
+        return t
+    step = float(np.median(np.diff(stamps)))
+    width = np.minimum(np.diff(stamps, append=stamps[-1] + step), step)
+    return np.sort(stamps[inverse] + rng.random(len(t)) * width[inverse])

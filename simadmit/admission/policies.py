@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM, default_max_pool_gpu_s
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -89,14 +91,14 @@ class GpuSeconds(AdmissionPolicy):
     above the threshold a short-budget tier needs.
     """
 
-    budgets_s: dict[str, float] = field(default_factory=lambda: {"interactive": 3.0, "batch": 60.0})
-    default_budget_s: float = 3.0
-    headroom: float = 0.9
+    budgets_s: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS_S))
+    default_budget_s: float = DEFAULT_BUDGET_S
+    headroom: float = DEFAULT_HEADROOM
     max_pool_gpu_s: float | None = None  # None: available GPUs x the largest budget
     tier_max_gpu_s: dict[str, float] = field(default_factory=dict)  # per-tier caps on in-flight work
     no_capacity_retry_s: float = 5.0
 
-    def budget(self, request: Request, now: float) -> float:
+    def wait_budget(self, request: Request, now: float) -> float:
         """Seconds of wait this request can afford: its tier's budget, or less if its deadline is near."""
         b = self.budgets_s.get(request.tier, self.default_budget_s)
         if request.deadline_s is not None:
@@ -109,13 +111,13 @@ class GpuSeconds(AdmissionPolicy):
             return Decision(False, "pool_exhausted", retry_after(self.no_capacity_retry_s))
         max_pool = self.max_pool_gpu_s
         if max_pool is None:
-            max_pool = gpus * max(self.default_budget_s, *self.budgets_s.values())
+            max_pool = default_max_pool_gpu_s(gpus, self.budgets_s, self.default_budget_s)
         in_flight = view.in_flight_gpu_s
         limit = max_pool * self.headroom
         if in_flight >= max_pool:
             return Decision(False, "pool_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
         wait = in_flight / gpus
-        budget = self.budget(request, now)
+        budget = self.wait_budget(request, now)
         if wait > budget:
             return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)))
         if in_flight + estimate_gpu_s > limit:

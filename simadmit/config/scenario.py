@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM
 from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
 from simadmit.config.resources import resolve_profile, resolve_trace
 
@@ -351,11 +352,11 @@ class GpuSecondsSpec(_Model):
     kind: Literal["gpu_seconds"]
     name: str | None = None
     budgets_s: dict[str, float] = Field(
-        default_factory=lambda: {"interactive": 3.0, "batch": 60.0},
+        default_factory=lambda: dict(DEFAULT_BUDGETS_S),
         description="wait budget per tier, seconds of predicted wait",
     )
-    default_budget_s: float = Field(default=3.0, gt=0, description="budget of tiers not in budgets_s")
-    headroom: float = Field(default=0.9, gt=0, le=1.0)
+    default_budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0, description="budget of tiers not in budgets_s")
+    headroom: float = Field(default=DEFAULT_HEADROOM, gt=0, le=1.0)
     max_pool_gpu_seconds: float | None = Field(
         default=None, gt=0, description="default: available GPUs x the largest budget"
     )

@@ -31,6 +31,7 @@ import yaml
 
 from simadmit.results import summary
 from simadmit.config.errors import InputError, problem
+from simadmit.config.defaults import default_max_pool_gpu_s
 from simadmit.config.scenario import GpuSecondsSpec, QueueDepthSpec, load_scenario, policy_name, scenario_from_dict
 from simadmit.study.sweep import Backend, curves, process_map, run_unit
 from simadmit.sim.world import build_world
@@ -141,7 +142,7 @@ def default_dimensions(document: dict, source: Path, policy: str, per_gpu: bool)
     dims = []
     if isinstance(p, GpuSecondsSpec):
         gpus = sum(c.replicas * c.gpus_per_replica for c in world.pools)
-        pool_max = p.max_pool_gpu_seconds or gpus * max(p.default_budget_s, *p.budgets_s.values())
+        pool_max = p.max_pool_gpu_seconds or default_max_pool_gpu_s(gpus, p.budgets_s, p.default_budget_s)
         dims.append(Dimension(f"policies.{policy}.headroom", 0.5, 1.0, False))
         dims.append(Dimension(f"policies.{policy}.max_pool_gpu_seconds", pool_max / 4, pool_max * 4, False))
         dims += [

@@ -16,7 +16,7 @@ import time
 
 from simadmit.config.resources import default_scenario
 from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import load_scenario
+from simadmit.config.loading import load_scenario
 from simadmit.sim.simulation import Simulation, policy_requests
 from simadmit.workload.build import generate
 from simadmit.sim.world import build_policies, build_world

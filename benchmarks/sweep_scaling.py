@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 from simadmit.config.resources import default_scenario
-from simadmit.study.sweep import parse_param, plan_sweep, run_sweep
+from simadmit.study.backends import run_sweep
+from simadmit.study.grid import parse_param, plan_sweep
 
 
 def main() -> None:

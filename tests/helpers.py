@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from simadmit.study.runner import ScenarioResult, run_scenario
-from simadmit.config.scenario import ScenarioSpec, scenario_from_dict
+from simadmit.config.loading import scenario_from_dict
+from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,7 +46,9 @@ def test_simulate_writes_tables_and_prints_the_summary(tmp_path: Path) -> None:
     first = requests[(requests["policy"] == "gpu_seconds") & (requests["attempt"] == 1)]
     assert len(first) == summary["gpu_seconds"]["all"]["requests"] + (first["arrival_s"] < 10).sum()
     series = pd.read_parquet(out / "timeseries.parquet")
-    assert {"arrivals", "admits", "rejects", "queued", "running", "in_flight_gpu_s", "utilization"} <= set(series)
+    assert {"arrivals", "admits", "rejects", "queued", "running", "in_flight_gpu_s", "utilization"} <= set(
+        series
+    )
     per_policy = series.groupby("policy")["arrivals"].sum()
     assert (per_policy == requests.groupby("policy").size()).all()
 
@@ -67,7 +69,9 @@ def test_misspelled_key_names_the_field_and_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     lines = _errors(result)
-    assert any(str(path) in line and "workload.rate_rsp" in line and "unknown field" in line for line in lines)
+    assert any(
+        str(path) in line and "workload.rate_rsp" in line and "unknown field" in line for line in lines
+    )
     assert any("workload.rate_rps" in line and "missing" in line for line in lines)
     assert "Traceback" not in result.output
 
@@ -86,7 +90,12 @@ def test_missing_profile_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(path)])
     assert result.exit_code == 2
     lines = _errors(result)
-    assert len(lines) == 1 and "pools.0.profile" in lines[0] and "not found" in lines[0] and str(path) in lines[0]
+    assert (
+        len(lines) == 1
+        and "pools.0.profile" in lines[0]
+        and "not found" in lines[0]
+        and str(path) in lines[0]
+    )
 
 
 def test_profile_with_a_missing_key(tmp_path: Path) -> None:
@@ -107,7 +116,9 @@ def test_missing_scenario_and_bad_override(tmp_path: Path) -> None:
 
 
 def test_a_bundled_scenario_runs_by_name(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["simulate", "retry_storm", "--out", str(tmp_path), "--set", "workload.duration_s=20"])
+    result = runner.invoke(
+        app, ["simulate", "retry_storm", "--out", str(tmp_path), "--set", "workload.duration_s=20"]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) == {"lockstep/gpu_seconds", "jittered/gpu_seconds"}

@@ -6,7 +6,7 @@ import pytest
 
 from simadmit.config.resources import default_scenario
 from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import load_scenario
+from simadmit.config.loading import load_scenario
 from simadmit.sim.world import build_world
 
 

@@ -9,7 +9,7 @@ from simadmit.fleet.autoscaler import AutoscalerConfig, HorizontalAutoscaler
 from simadmit.admission.client import RetryBudget, backoff_delay
 from simadmit.config.resources import default_scenario
 from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import load_scenario
+from simadmit.config.loading import load_scenario
 from simadmit.sim.simulation import Simulation
 from simadmit.workload.build import generate
 from simadmit.sim.world import ClientConfig, build_policies, build_world

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from simadmit.sim.ledger import COMPLETED
 from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import scenario_from_dict
+from simadmit.config.loading import scenario_from_dict
 from simadmit.sim.simulation import Simulation
 from simadmit.workload.build import generate
 from simadmit.sim.world import build_policies, build_world

@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 
 from simadmit.cli.main import app
 from simadmit.config.errors import InputError
-from simadmit.study.optimize import SearchConfig, optimize, parse_dimension, parse_slo, utilization_targets
+from simadmit.study.dimensions import parse_dimension
+from simadmit.study.search import SearchConfig, optimize
+from simadmit.study.slo import parse_slo
+from simadmit.study.targets import utilization_targets
 from tests.helpers import PROFILE
 from tests.queueing import mmc_mean_wait
 

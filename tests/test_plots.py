@@ -12,8 +12,15 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from simadmit.cli.main import app
-from simadmit.results.plots import goodput_vs_load, latency_cdfs, latency_vs_utilization, rejection_vs_load, timeline
-from simadmit.study.sweep import parse_param, plan_sweep, run_sweep
+from simadmit.results.plots import (
+    goodput_vs_load,
+    latency_cdfs,
+    latency_vs_utilization,
+    rejection_vs_load,
+    timeline,
+)
+from simadmit.study.backends import run_sweep
+from simadmit.study.grid import parse_param, plan_sweep
 from tests.test_sweep import short_scenario
 
 matplotlib.use("Agg")

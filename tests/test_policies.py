@@ -6,7 +6,7 @@ from simadmit.admission import policies
 from simadmit.admission.policies import GpuSeconds, PoolView, QueueDepth, Request, Unconditional
 from simadmit.config.resources import default_scenario
 from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import load_scenario
+from simadmit.config.loading import load_scenario
 from simadmit.sim.world import build_world
 
 

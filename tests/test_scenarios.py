@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from simadmit.config.loading import load_scenario
 from simadmit.study.runner import ScenarioResult, run_study
-from simadmit.config.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -23,7 +23,9 @@ def test_every_scenario_starts_with_its_question() -> None:
 
 
 def test_mix_shift_queue_depth_loses_control_gpu_seconds_keeps_it() -> None:
-    s = study("mix_shift.yaml", **{"workload.duration_s": 240, "workload.tiers.long_prompt.start_s": 100}).summary
+    s = study(
+        "mix_shift.yaml", **{"workload.duration_s": 240, "workload.tiers.long_prompt.start_s": 100}
+    ).summary
     assert s["queue_depth"]["chat"]["ttft_p99_s"] > 3 * s["gpu_seconds"]["chat"]["ttft_p99_s"]
     assert s["gpu_seconds"]["chat"]["ttft_p99_s"] < 2.0 + 1.0  # budget + first retry
     assert s["queue_depth"]["long_prompt"]["ttft_p99_s"] > s["gpu_seconds"]["long_prompt"]["ttft_p99_s"]
@@ -32,9 +34,15 @@ def test_mix_shift_queue_depth_loses_control_gpu_seconds_keeps_it() -> None:
 def test_shared_path_pools_capacity_separate_pools_strand_it() -> None:
     s = study("shared_vs_separate.yaml", **{"workload.duration_s": 150}).summary
     # one batch replica cannot keep up on its own, while the shared pool absorbs the same batch load
-    assert s["separate/unconditional"]["batch"]["e2e_p99_s"] > 5 * s["shared/unconditional"]["batch"]["e2e_p99_s"]
+    assert (
+        s["separate/unconditional"]["batch"]["e2e_p99_s"]
+        > 5 * s["shared/unconditional"]["batch"]["e2e_p99_s"]
+    )
     # ...but isolation protects the interactive tier's tail from batch work
-    assert s["separate/unconditional"]["interactive"]["e2e_p99_s"] < s["shared/unconditional"]["interactive"]["e2e_p99_s"]
+    assert (
+        s["separate/unconditional"]["interactive"]["e2e_p99_s"]
+        < s["shared/unconditional"]["interactive"]["e2e_p99_s"]
+    )
 
 
 def test_lockstep_retries_come_in_waves() -> None:
@@ -67,7 +75,10 @@ def test_support_copilot_story() -> None:
 
 def test_azure_replay_tail_leaves_the_slo_as_traffic_grows() -> None:
     s = study("azure_replay.yaml").summary
-    assert s["x3/unconditional"]["conversation"]["ttft_p99_s"] > 20 * s["x1/unconditional"]["conversation"]["ttft_p99_s"]
+    assert (
+        s["x3/unconditional"]["conversation"]["ttft_p99_s"]
+        > 20 * s["x1/unconditional"]["conversation"]["ttft_p99_s"]
+    )
     assert s["x3/gpu_seconds"]["conversation"]["ttft_p99_s"] < 6.0
     assert s["x1/unconditional"]["conversation"]["requests"] > 1800
 
@@ -75,7 +86,9 @@ def test_azure_replay_tail_leaves_the_slo_as_traffic_grows() -> None:
 def test_mooncake_long_context_is_kv_bound() -> None:
     r = study("mooncake_long_context.yaml")
     s = r.summary
-    wait = {v: s[f"{v}/unconditional"]["chat"]["queue_wait_mean_s"] for v in ("base", "more_kv", "more_compute")}
+    wait = {
+        v: s[f"{v}/unconditional"]["chat"]["queue_wait_mean_s"] for v in ("base", "more_kv", "more_compute")
+    }
     assert wait["more_kv"] < wait["base"] / 3
     assert wait["more_kv"] < wait["more_compute"]
     preemptions = r.requests.groupby("policy")["preemptions"].mean()
@@ -87,7 +100,10 @@ def test_autoscaling_on_gpu_utilization_never_scales_down() -> None:
     drain; the queue-wait HPA follows demand and pays for fewer replicas."""
     r = study("autoscaling_ramp.yaml")
     s = r.summary
-    assert s["gpu_util/gpu_seconds"]["pool:llama-8b"]["replicas_mean"] > s["queue_wait/gpu_seconds"]["pool:llama-8b"]["replicas_mean"]
+    assert (
+        s["gpu_util/gpu_seconds"]["pool:llama-8b"]["replicas_mean"]
+        > s["queue_wait/gpu_seconds"]["pool:llama-8b"]["replicas_mean"]
+    )
     ts = r.timeseries
     drained = ts[(ts["t_s"] >= 1300) & (ts["t_s"] < 1500)]
     assert (drained.loc[drained["policy"] == "gpu_util/gpu_seconds", "replicas"] == 12).all()

@@ -10,13 +10,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import simadmit.study.sweep as sweep_module
 from simadmit.cli.main import app
 from simadmit.config.errors import InputError
-from simadmit.study.runner import run_scenario
-from simadmit.config.scenario import load_scenario
-from simadmit.study.sweep import PointStore, parse_param, plan_sweep, process_map, run_sweep
+from simadmit.config.loading import load_scenario
 from simadmit.sim.world import build_world
+from simadmit.study import backends
+from simadmit.study.backends import process_map, run_sweep
+from simadmit.study.grid import parse_param, plan_sweep
+from simadmit.study.runner import run_scenario
+from simadmit.study.store import PointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "scenarios" / "default.yaml"
@@ -130,21 +132,21 @@ def test_resume_neither_loses_nor_repeats_points(
         ran.append((overrides["workload.rate_multiplier"], seed))
         return real(document, source, overrides, seed)
 
-    real = sweep_module.run_unit
-    monkeypatch.setattr(sweep_module, "run_unit", counting)
+    real = backends.run_unit
+    monkeypatch.setattr(backends, "run_unit", counting)
     resumed = run_sweep(plan, out, jobs=1)
     expected_rest = {
         (dict(u.overrides)["workload.rate_multiplier"], u.seed) for u in plan.units() if u.key not in saved
     }
     assert sorted(ran) == sorted(expected_rest) and len(ran) == len(plan.units()) - len(saved)
 
-    monkeypatch.setattr(sweep_module, "run_unit", real)
+    monkeypatch.setattr(backends, "run_unit", real)
     fresh = run_sweep(plan, tmp_path / "fresh", jobs=1)
     pd.testing.assert_frame_equal(resumed, fresh)
     assert resumed.groupby(["point", "policy", "tier"]).size().eq(1).all()
 
     ran.clear()
-    monkeypatch.setattr(sweep_module, "run_unit", counting)
+    monkeypatch.setattr(backends, "run_unit", counting)
     more = plan_sweep(scenario, [parse_param("workload.rate_multiplier=0.2:1.0:5")], replications=3)
     run_sweep(more, out, jobs=1)
     assert sorted(ran) == sorted((r, plan.seeds[0][0] + 2) for r in (0.2, 0.4, 0.6, 0.8, 1.0))

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simadmit.study.sweep import parse_param, plan_sweep, run_sweep
+from simadmit.study.backends import run_sweep
+from simadmit.study.grid import parse_param, plan_sweep
 from tests.test_sweep import short_scenario
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'simadmit[ray]'")

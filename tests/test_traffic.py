@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simadmit.config.errors import InputError
-from simadmit.config.scenario import scenario_from_dict
+from simadmit.config.loading import scenario_from_dict
 from simadmit.workload.traces import load_azure
 from simadmit.workload.build import generate
 from tests.helpers import PROFILE, ROOT

@@ -26,19 +26,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from simadmit.cli.common import fail
 from simadmit.config.errors import InputError
-from simadmit.study.optimize import (
-    PolicyResult,
-    SearchConfig,
-    optimize,
-    parse_dimension,
-    parse_slo,
-    utilization_targets,
-)
-from simadmit.results.plots import plot_directory
+from simadmit.config.loading import load_scenario
 from simadmit.config.resources import default_scenario
-from simadmit.config.scenario import load_scenario
-from simadmit.study.sweep import Backend, parse_param, plan_sweep, process_map, run_sweep
+from simadmit.results.plots import plot_directory
+from simadmit.study.backends import Backend, process_map, run_sweep
+from simadmit.study.dimensions import parse_dimension
+from simadmit.study.grid import parse_param, plan_sweep
+from simadmit.study.search import PolicyResult, SearchConfig, optimize
+from simadmit.study.slo import parse_slo
+from simadmit.study.targets import utilization_targets
 
 
 class BackendName(str, Enum):
@@ -90,8 +88,6 @@ def sweep(
     ] = None,
 ) -> None:
     """Run every combination of parameter values through every policy; resume where a previous run stopped."""
-    from simadmit.cli.main import fail
-
     try:
         path = scenario or default_scenario()
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
@@ -172,8 +168,6 @@ def optimize_cmd(
     ] = None,
 ) -> None:
     """Find each policy's settings with the best objective that meet every SLO at 1x, 1.5x and 2x traffic."""
-    from simadmit.cli.main import fail
-
     problems: list[str] = []
     slos, dims = [], []
     for text in slo:
@@ -261,8 +255,6 @@ def plot(
 ) -> None:
     """Draw the figures the directory's tables allow, as PNG and SVG next to them."""
     import matplotlib
-
-    from simadmit.cli.main import fail
 
     matplotlib.use("Agg")
     if not directory.is_dir():

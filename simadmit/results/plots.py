@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from simadmit.study.sweep import curves
+from simadmit.results.curves import curves
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")

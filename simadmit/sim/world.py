@@ -16,7 +16,7 @@ from simadmit.fleet.engine import BatchLimits
 from simadmit.admission.estimator import CostEstimator
 from simadmit.config.profile import Profile, load_profile
 from simadmit.config.resources import resolve_profile
-from simadmit.config.scenario import (
+from simadmit.config.schema import (
     ClassicalEngineSpec,
     GpuSecondsSpec,
     PolicySpec,

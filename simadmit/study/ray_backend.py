@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from simadmit.config.errors import InputError
-from simadmit.study.sweep import Backend
+from simadmit.study.backends import Backend
 
 
 def ray_backend(address: str | None = None) -> Backend:

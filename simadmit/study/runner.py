@@ -2,24 +2,27 @@
 
 Replication r uses seed `seed + r` for its workload and client jitter; all policies of a replication
 share that workload, so differences between policies are never differences in traffic. A scenario's
-variants (other settings to compare) each run all policies on the same seeds.
+variants (other settings to compare) each run all policies on the same seeds. `run_unit` is the piece of
+work sweeps and optimize farm out: one replication of every policy at one set of overrides, from plain
+arguments a worker process (or a Ray task) can receive.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from simadmit.results import records
-from simadmit.results import summary
-from simadmit.config.scenario import ScenarioSpec, variant_spec
+from simadmit.config.loading import scenario_from_dict, variant_spec
+from simadmit.config.schema import ScenarioSpec
+from simadmit.results import records, summary
 from simadmit.sim.simulation import Simulation, policy_requests
-from simadmit.workload.build import generate
 from simadmit.sim.world import World, build_policies, build_world
+from simadmit.workload.build import generate
 
 Progress = Callable[[str, int, int], None]  # (label, done, total)
 
@@ -82,6 +85,27 @@ def run_scenario(
 
 def _tick(progress: Progress, label: str, total: int, done: int) -> None:
     progress(label, done, total)
+
+
+def arrival_rates(spec: ScenarioSpec) -> dict[str, float]:
+    """Nominal mean arrival rate of first attempts, per tier and for "all" (NaN for a trace's own rate)."""
+    nominal = spec.workload.rate_rps
+    rate = math.nan if nominal is None else nominal * spec.workload.rate_multiplier
+    total = sum(t.share for t in spec.workload.tiers)
+    return {**{t.name: rate * t.share / total for t in spec.workload.tiers}, "all": rate}
+
+
+def run_unit(document: dict[str, object], source: str, overrides: dict[str, object], seed: int) -> dict:
+    """One replication of every policy at one point: what `run_scenario(..., seed, 1)` summarises."""
+    spec = scenario_from_dict(document, source, overrides)
+    world = build_world(spec, Path(source).parent)
+    result = run_scenario(spec, world, seed=seed, replications=1, keep_tables=False)
+    return {
+        "overrides": overrides,
+        "seed": seed,
+        "arrival_rate_rps": arrival_rates(spec),
+        "summary": {policy: runs[0] for policy, runs in result.runs.items()},
+    }
 
 
 def run_study(

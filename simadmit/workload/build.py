@@ -15,7 +15,7 @@ import numpy as np
 from simadmit.workload import arrivals
 from simadmit.workload import distributions
 from simadmit.workload import traffic
-from simadmit.config.scenario import (
+from simadmit.config.workload_schema import (
     DistSpec,
     EmpiricalSpec,
     ExponentialSpec,

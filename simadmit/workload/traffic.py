@@ -14,7 +14,7 @@ from simadmit.workload import arrivals
 from simadmit.workload import tiers
 from simadmit.workload import traces
 from simadmit.config.errors import InputError
-from simadmit.config.scenario import (
+from simadmit.config.workload_schema import (
     DiurnalSpec,
     FitArrivalSpec,
     GammaSpec,

@@ -1,0 +1,70 @@
+"""CLI helpers shared by the commands: reporting input errors, a progress bar, and writing a run's files.
+
+User mistakes (a bad scenario, a missing profile, an unreachable endpoint) print one line per problem and
+exit with code 2; they never show a traceback. These helpers live apart from the command modules so that
+`simadmit.cli.main` can import the study commands (`simadmit.cli.study`) without either importing the
+other back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from simadmit.config.resources import resolve_profile
+from simadmit.config.schema import ScenarioSpec
+from simadmit.study.runner import ScenarioResult
+
+
+def fail(problems: list[str]) -> None:
+    """Print one line per problem to stderr and exit 2."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in problems:
+        err.print(f"[red]error:[/red] {line}", markup=True)
+    raise typer.Exit(2)
+
+
+class LazyProgress:
+    """A progress bar that only appears once a run has taken more than a moment."""
+
+    def __init__(self, delay_s: float = 0.7) -> None:
+        self.start = time.monotonic()
+        self.delay_s = delay_s
+        self.bar: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.monotonic() - self.start < self.delay_s or not sys.stderr.isatty():
+                return
+            self.bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+            )  # fmt: skip
+            self.bar.start()
+        if label not in self.tasks:
+            self.tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(self.tasks[label], completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def write_outputs(result: ScenarioResult, out: Path, spec: ScenarioSpec, base: Path) -> None:
+    """The tables, the summary, and the scenario as run (paths made absolute), so `plot` can draw its SLAs."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = spec.model_dump(mode="json")
+    for pool in doc["pools"]:
+        pool["profile"] = str(resolve_profile(pool["profile"], base))
+    (out / "scenario.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result.requests.to_parquet(out / "requests.parquet", index=False)
+    result.timeseries.to_parquet(out / "timeseries.parquet", index=False)
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")

@@ -1,0 +1,96 @@
+"""Overrides: the one dotted-path engine behind `--set`, variants, sweeps and optimize.
+
+A path such as `workload.tiers.interactive.share` or `policies.gpu_seconds.headroom` walks a scenario
+document key by key. A list element is addressed by its index (negative counts from the end), else by the
+first element called the key (its `name`, or its `kind` when it has no name, as policies are named in
+results), else by the first element of that `kind` whatever its name. Keeping this rule in one place
+means a path that `--set` accepts means the same thing to a variant's `set:`, a sweep's `--param` and
+optimize's `--search`. Values given as text are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+
+import yaml
+
+from simadmit.config.errors import InputError, problem
+
+
+def parse_assignments(values: Iterable[str]) -> dict[str, object]:
+    """`--set path=value` pairs as overrides; values are parsed as YAML (numbers, lists, mappings)."""
+    out: dict[str, object] = {}
+    bad = []
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
+            continue
+        out[key.strip()] = yaml.safe_load(raw)
+    if bad:
+        raise InputError(bad)
+    return out
+
+
+def element_name(element: object) -> object:
+    """What a list element (a raw mapping or a validated spec) is called: its `name`, else its `kind`.
+
+    This is also a policy's name in results (`simadmit.config.schema.policy_name`), so a policy is
+    addressed in paths by the name its results carry.
+    """
+    if isinstance(element, Mapping):
+        return element.get("name") or element.get("kind")
+    return getattr(element, "name", None) or getattr(element, "kind", None)
+
+
+def list_index(items: list[object], key: str) -> int | None:
+    """The position `key` addresses (by index, else by `element_name`, else by any `kind`), or None."""
+    if key.lstrip("-").isdigit():
+        i = int(key)
+        return i % len(items) if -len(items) <= i < len(items) else None
+    named = [i for i, item in enumerate(items) if element_name(item) == key]
+    kinds = [i for i, item in enumerate(items) if isinstance(item, Mapping) and item.get("kind") == key]
+    return next(iter(named + kinds), None)
+
+
+def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
+    """A copy of `document` with each dotted path set to its value; missing mappings are created."""
+    document = copy.deepcopy(document)
+    for dotted, value in overrides.items():
+        node: object = document
+        keys = dotted.split(".")
+        for depth, key in enumerate(keys):
+            last = depth == len(keys) - 1
+            if isinstance(node, list):
+                i = list_index(node, key)
+                if i is None:
+                    raise InputError([problem("--set", dotted, f"no element {key!r} in this list")])
+                if last:
+                    node[i] = copy.deepcopy(value)
+                else:
+                    node = node[i]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = copy.deepcopy(value)
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise InputError(
+                    [problem("--set", dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")]
+                )
+    return document
+
+
+def lookup(document: object, dotted: str) -> object | None:
+    """The value at a dotted path of `document`, or None where the path leads nowhere."""
+    node = document
+    for key in dotted.split("."):
+        if isinstance(node, list):
+            i = list_index(node, key)
+            node = None if i is None else node[i]
+        elif isinstance(node, dict):
+            node = node.get(key)
+        else:
+            return None
+    return node

@@ -1,0 +1,238 @@
+"""Workload schema: the `workload:` section of a scenario file (distributions, arrivals, traces, tiers).
+
+These are the pydantic models a user's YAML is validated against, split from the rest of the scenario
+schema (`simadmit.config.schema`) because the workload layer builds its generators from them alone. Every
+model is frozen and forbids unknown fields, so a misspelled key is reported rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+
+class Spec(BaseModel):
+    """Base of every scenario model: immutable, and unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- distributions -----------------------------------------------------------------------------------
+
+
+class FixedSpec(Spec):
+    kind: Literal["fixed"]
+    value: float = Field(gt=0)
+
+
+class LogNormalSpec(Spec):
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0, description="standard deviation of log(x)")
+    min: float = Field(default=1, ge=0)
+    max: float = Field(default=float("inf"), gt=0)
+
+
+class ExponentialSpec(Spec):
+    kind: Literal["exponential"]
+    mean: float = Field(gt=0)
+
+
+class EmpiricalSpec(Spec):
+    kind: Literal["empirical"]
+    values: list[float] | None = Field(default=None, min_length=1, description="observed values, resampled")
+    trace: TraceFileSpec | None = Field(default=None, description="or: the lengths of a trace")
+    column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmpiricalSpec:
+        if (self.values is None) == (self.trace is None):
+            raise ValueError("set exactly one of values and trace")
+        return self
+
+
+DistSpec = Annotated[FixedSpec | LogNormalSpec | ExponentialSpec | EmpiricalSpec, Field(discriminator="kind")]
+
+
+# --- workload ----------------------------------------------------------------------------------------
+
+
+class PoissonSpec(Spec):
+    kind: Literal["poisson"]
+
+
+class GammaSpec(Spec):
+    kind: Literal["gamma"]
+    cv: float = Field(gt=0, description="coefficient of variation of inter-arrival times (1 = Poisson)")
+
+
+class MMPPSpec(Spec):
+    kind: Literal["mmpp"]
+    burst_factor: float = Field(gt=1, description="burst rate / calm rate")
+    calm_s: float = Field(gt=0, description="mean duration of a calm period")
+    burst_s: float = Field(gt=0, description="mean duration of a burst")
+
+
+class ProfileArrivalSpec(Spec):
+    kind: Literal["profile"]
+    points: list[tuple[float, float]] = Field(
+        min_length=1,
+        description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains",
+    )
+    cv: float = Field(default=1.0, gt=0, description="burstiness around the curve (1 = Poisson)")
+
+
+class DiurnalSpec(Spec):
+    kind: Literal["diurnal"]
+    amplitude: float = Field(
+        ge=0, le=1, description="factor = 1 + amplitude cos(2 pi (t - peak_s) / period_s)"
+    )
+    period_s: float = Field(default=86_400.0, gt=0)
+    peak_s: float = Field(default=0.0, ge=0)
+    cv: float = Field(default=1.0, gt=0)
+
+
+class TraceColumnsSpec(Spec):
+    arrival: str
+    arrival_unit: Literal["s", "ms", "us", "datetime"] = "s"
+    prompt_tokens: str
+    output_tokens: str
+    tier: str | None = None
+
+
+class TraceFileSpec(Spec):
+    path: str = Field(description="trace file (relative to the scenario) or a bundled trace name")
+    format: Literal["azure", "mooncake", "mapped"] = "mapped"
+    columns: TraceColumnsSpec | None = Field(default=None, description="required for format: mapped")
+    start_s: float = Field(
+        default=0.0, ge=0, description="window start, trace seconds from its first request"
+    )
+    end_s: float | None = Field(default=None, gt=0, description="window end (null: to the end)")
+    speedup: float = Field(
+        default=1.0, gt=0, description="2 replays twice as fast; multiplied by rate_multiplier"
+    )
+    sample: float = Field(default=1.0, gt=0, le=1, description="fraction of requests kept")
+    bucket_jitter: bool = Field(
+        default=False, description="Mooncake: spread a timestamp's batch over its bucket"
+    )
+    on_error: Literal["fail", "skip"] = Field(
+        default="fail", description="skip: drop malformed rows, and count them"
+    )
+
+    @model_validator(mode="after")
+    def _columns(self) -> TraceFileSpec:
+        if self.format == "mapped" and self.columns is None:
+            raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
+        return self
+
+
+class FitArrivalSpec(Spec):
+    kind: Literal["fit"]
+    trace: TraceFileSpec
+    bin_s: float = Field(default=60.0, gt=0, description="rate curve resolution")
+
+
+ArrivalSpec = Annotated[
+    PoissonSpec | GammaSpec | MMPPSpec | ProfileArrivalSpec | DiurnalSpec | FitArrivalSpec,
+    Field(discriminator="kind"),
+]
+
+
+class LengthRuleSpec(Spec):
+    tier: str
+    column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
+    above: int = 0
+    at_most: int | None = None
+
+
+class TraceTiersSpec(Spec):
+    by: Literal["share", "length", "column"] = "share"
+    rules: list[LengthRuleSpec] = Field(default_factory=list, description="by: length; the first match wins")
+    column: str = Field(default="tier", description="by: column")
+    names: dict[str, str] = Field(default_factory=dict, description="by: column; trace value -> tier name")
+    default: str | None = None
+
+
+class MaxTokensSpec(Spec):
+    kind: Literal["fixed", "scaled"]
+    value: int | None = Field(default=None, gt=0, description="fixed: the max_tokens every client sends")
+    factor: float | None = Field(default=None, ge=1, description="scaled: actual output x factor, rounded up")
+    cap: int | None = Field(default=None, gt=0)
+
+
+class TraceReplaySpec(TraceFileSpec):
+    tiers: TraceTiersSpec = TraceTiersSpec()
+    max_tokens: MaxTokensSpec = Field(
+        default=MaxTokensSpec(kind="scaled", factor=1.5),
+        description="what clients send as max_tokens: the estimator sees this, never the true output",
+    )
+
+
+class SLOSpec(Spec):
+    ttft_s: float = Field(default=float("inf"), gt=0, description="time to first token counted as good")
+    e2e_s: float = Field(default=float("inf"), gt=0, description="end-to-end latency counted as good")
+
+
+class TierSpec(Spec):
+    name: str
+    share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
+    prompt_tokens: DistSpec | None = Field(
+        default=None, description="required unless the workload is a trace"
+    )
+    output_tokens: DistSpec | None = Field(
+        default=None, description="actual output; the gateway never sees it"
+    )
+    max_tokens: int | None = Field(
+        default=None, gt=0, description="max_tokens the client sends; caps the output"
+    )
+    deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
+    slo: SLOSpec = SLOSpec()
+    start_s: float = Field(default=0.0, ge=0, description="the tier sends traffic from this time on")
+    end_s: float = Field(default=float("inf"), gt=0, description="... and until this time (a shifting mix)")
+
+
+class WorkloadSpec(Spec):
+    seed: int = 0
+    arrival: ArrivalSpec = PoissonSpec(kind="poisson")
+    trace: TraceReplaySpec | None = Field(
+        default=None, description="replay a trace instead of drawing requests"
+    )
+    rate_rps: float | None = Field(
+        default=None,
+        gt=0,
+        validate_default=True,
+        description="mean arrival rate of first attempts (a fitted trace's rate if unset)",
+    )
+    rate_multiplier: float = Field(default=1.0, gt=0, description="scales the rate (2.0 = twice the traffic)")
+    duration_s: float | None = Field(default=None, gt=0)
+    requests: int | None = Field(default=None, gt=0)
+    warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
+    tiers: list[TierSpec] = Field(min_length=1)
+
+    @field_validator("rate_rps")
+    @classmethod
+    def _rate_needed(cls, v: float | None, info: ValidationInfo) -> float | None:
+        synthetic = info.data.get("trace") is None and not isinstance(
+            info.data.get("arrival"), FitArrivalSpec
+        )
+        if v is None and synthetic and "arrival" in info.data:
+            raise PydanticCustomError("missing", "required field is missing")
+        return v
+
+    @model_validator(mode="after")
+    def _one_length(self) -> WorkloadSpec:
+        if self.trace is None:
+            if (self.duration_s is None) == (self.requests is None):
+                raise ValueError("set exactly one of duration_s and requests")
+            for t in self.tiers:
+                if t.prompt_tokens is None or t.output_tokens is None or t.max_tokens is None:
+                    raise ValueError(f"tier {t.name!r} needs prompt_tokens, output_tokens and max_tokens")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return self
+
+
+EmpiricalSpec.model_rebuild()

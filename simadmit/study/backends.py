@@ -1,0 +1,74 @@
+"""Backends: where a study's units run, and `run_sweep`, which runs a plan's missing units through one.
+
+A backend maps a function over argument tuples and yields `(index, result)` as results arrive, in any
+order; `process_map` uses local worker processes (or this process for one job), `ray_backend` in
+`simadmit.study.ray_backend` a Ray cluster. Both run the same function on the same arguments, so results
+are identical for the same seeds. `run_sweep` saves each finished unit at once, so interrupting it loses
+nothing that finished, then assembles and writes the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from simadmit.study.grid import SweepPlan
+from simadmit.study.runner import run_unit
+from simadmit.study.store import PointStore
+from simadmit.study.table import assemble, write_table
+
+OnProgress = Callable[[int, int], None]  # (units done, units total)
+Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, dict]]]
+
+
+def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
+    """Yield (index, fn(*args[index])) as results arrive; in this process when jobs == 1.
+
+    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them.
+    On interruption the pending work is cancelled and nothing more is yielded.
+    """
+    if jobs <= 1 or len(args) <= 1:
+        for i, a in enumerate(args):
+            yield i, fn(*a)
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=context) as pool:
+        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        try:
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield futures.pop(f), f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    jobs: int = 1,
+    backend: Backend = process_map,
+    progress: OnProgress | None = None,
+) -> pd.DataFrame:
+    """Run the units not yet saved in `out`, then write and return the table (sweep.parquet, sweep.csv)."""
+    store = PointStore(out)
+    units = plan.units()
+    pending = [u for u in units if not store.has(u.key)]
+    done = len(units) - len(pending)
+    if progress is not None:
+        progress(done, len(units))
+    args = [(plan.document, str(plan.source), dict(u.overrides), u.seed) for u in pending]
+    for i, record in backend(run_unit, args, jobs):
+        store.save(pending[i].key, record)
+        done += 1
+        if progress is not None:
+            progress(done, len(units))
+    table = assemble(plan, store)
+    write_table(plan, table, out)
+    return table

@@ -1,0 +1,171 @@
+"""Sweep grid: the `--param` grammar, the validated plan, and the digests that key its saved results.
+
+A parameter is a dotted path into the scenario YAML (`workload.rate_multiplier`,
+`policies.gpu_seconds.headroom`, resolved by `simadmit.config.overrides`) with a list of values; the grid
+is every combination, and every point is validated before anything runs. The unit of work is one
+(point, seed) pair, keyed by a digest of the scenario document (with the profile and trace files it
+reads, and the simulator's own source), the point's parameters and the seed: a result is reused only when
+everything it depends on is unchanged, so an interrupted sweep resumes and more replications reuse the
+seeds already run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+import simadmit
+from simadmit.config.errors import InputError, problem
+from simadmit.config.loading import load_scenario, scenario_from_dict, trace_refs
+from simadmit.config.resources import resolve_profile, resolve_trace
+from simadmit.config.schema import ScenarioSpec
+
+_RANGE = re.compile(r"^\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*:\s*(\d+)\s*$")
+_MAX_PROBLEMS = 20
+
+
+@dataclass(frozen=True)
+class Param:
+    """One swept scenario field: its dotted path and the values it takes."""
+
+    path: str
+    values: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One replication of one grid point: the smallest piece of work, saved on its own."""
+
+    point: int
+    overrides: tuple[tuple[str, object], ...]
+    seed: int
+    key: str
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A validated sweep: the scenario document, the grid and the seeds of each point."""
+
+    source: Path
+    document: dict[str, object]
+    params: tuple[Param, ...]
+    points: tuple[tuple[tuple[str, object], ...], ...]
+    seeds: tuple[tuple[int, ...], ...]  # per point: seed, seed + 1, ... (one per replication)
+    tier_slo: dict[str, dict[str, float]]  # tier -> {"ttft_s": ..., "e2e_s": ...} of the base scenario
+    inputs: str  # digest of the document and of the files it reads
+
+    def units(self) -> list[Unit]:
+        return [
+            Unit(i, point, s, _digest([self.inputs, [list(kv) for kv in point], s]))
+            for i, point in enumerate(self.points)
+            for s in self.seeds[i]
+        ]
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The simulator's source (every module of the package): results of another version are never reused."""
+    h = hashlib.sha256()
+    package = Path(simadmit.__file__).resolve().parent
+    for f in sorted(package.rglob("*.py")):
+        h.update(f.relative_to(package).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _inputs_digest(document: dict[str, object], spec: ScenarioSpec, base: Path) -> str:
+    """What every result depends on besides its point and seed: the document, the files it reads, the code."""
+    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode() + _code_digest().encode())
+    files = [resolve_profile(p.profile, base) for p in spec.pools]
+    files += [resolve_trace(t.path, base) for _, t in trace_refs(spec)]
+    for f in files:
+        if f is not None:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _tidy(value: float) -> float | int:
+    """Grid values without binary noise (0.30000000000000004 -> 0.3), as ints when whole and meant so."""
+    return float(f"{value:.10g}")
+
+
+def parse_param(text: str) -> Param:
+    """`path=lo:hi:n` (n evenly spaced values, ends included), `path=a,b,c`, `path=[a, b]` or `path=v`.
+
+    Values are read as YAML, so numbers, booleans and mappings work. A range whose ends are integers and
+    whose steps are whole gives integers (`pools.0.replicas=2:8:4` -> 2, 4, 6, 8).
+    """
+    path, sep, raw = text.partition("=")
+    path = path.strip()
+    if not sep or not path or not raw.strip():
+        raise InputError([problem("--param", text, "expected path=lo:hi:n or path=a,b,c")])
+    m = _RANGE.match(raw)
+    if m:
+        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        if n < 1 or (n == 1 and lo != hi):
+            raise InputError([problem("--param", text, "a range needs at least 2 values (lo:hi:n, n >= 2)")])
+        step = (hi - lo) / (n - 1) if n > 1 else 0.0
+        values: list[object] = [_tidy(lo + i * step) for i in range(n)]
+        if all(float(x).is_integer() for x in (m.group(1), m.group(2), step)) and "." not in raw:
+            values = [int(v) for v in values]  # type: ignore[call-overload]
+        return Param(path, tuple(values))
+    try:
+        parsed = (
+            yaml.safe_load(raw)
+            if raw.lstrip().startswith("[")
+            else [yaml.safe_load(v) for v in raw.split(",")]
+        )
+    except yaml.YAMLError:
+        raise InputError([problem("--param", text, "values are not valid YAML")]) from None
+    values = parsed if isinstance(parsed, list) else [parsed]
+    if not values or any(v is None for v in values):
+        raise InputError([problem("--param", text, "empty value")])
+    return Param(path, tuple(values))
+
+
+def plan_sweep(
+    scenario: str | Path, params: list[Param], replications: int = 1, seed: int | None = None
+) -> SweepPlan:
+    """Validate the scenario and every grid point before anything runs; one problem per line."""
+    base_spec, base = load_scenario(scenario, None)
+    source = Path(scenario)
+    document = yaml.safe_load(source.read_text())
+    paths = [p.path for p in params]
+    if len(set(paths)) != len(paths):
+        raise InputError([problem("--param", ", ".join(paths), "each path may be swept once")])
+    problems: list[str] = []
+    for p in params:  # one line per bad value, named by the value rather than by a whole combination
+        for v in p.values:
+            try:
+                scenario_from_dict(document, source, {p.path: v})
+            except InputError as e:
+                problems += [f"--param {p.path}={v}: {line}" for line in e.problems]
+    points = tuple(
+        tuple(zip(paths, combo, strict=True)) for combo in itertools.product(*(p.values for p in params))
+    )
+    seeds = []
+    for point in points if not problems else ():
+        try:
+            spec = scenario_from_dict(document, source, dict(point))
+        except InputError as e:
+            problems += [f"point {dict(point)}: {line}" for line in e.problems]
+            continue
+        first = spec.workload.seed if seed is None else seed
+        seeds.append(tuple(range(first, first + replications)))
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        more = [f"... and {len(unique) - _MAX_PROBLEMS} more"] if len(unique) > _MAX_PROBLEMS else []
+        raise InputError(unique[:_MAX_PROBLEMS] + more)
+    tier_slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in base_spec.workload.tiers}
+    inputs = _inputs_digest(document, base_spec, base)
+    return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo, inputs)

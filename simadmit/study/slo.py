@@ -1,0 +1,69 @@
+"""SLOs: the `--slo` grammar of optimize, `tier.measure <= limit` with units, and how far a value meets it.
+
+An SLO names a tier (or `all`), a summary measure and a limit: `interactive.ttft_p99<=3s`,
+`interactive.rejection<=2%`, `all.queue_wait_mean_s<=0.5s`. Short aliases name the summary's measures
+(`ttft_p99` for `ttft_p99_s`, `rejection` for `rejection_rate`), limits are converted to the measure's
+own unit (ms to seconds, % to a fraction), and each SLO reports its margin and a relative violation so a
+search can walk from infeasible settings towards feasible ones.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from simadmit.config.errors import InputError, problem
+
+ALIASES = {
+    **{f"{m}_{p}": f"{m}_{p}_s" for m in ("ttft", "e2e") for p in ("p50", "p90", "p99")},
+    "queue_wait_mean": "queue_wait_mean_s",
+    "queue_wait_p99": "queue_wait_p99_s",
+    "rejection": "rejection_rate",
+    "goodput": "goodput_rps",
+    "throughput": "throughput_rps",
+}
+MEASURES = (
+    "requests", "rejection_rate", "attempt_rejection_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "queue_wait_mean_s", "queue_wait_p99_s", "utilization",
+    "work_utilization", "goodput_rps", "slo_attainment", "offered_rps", "carried_rps", "admitted_rps",
+    "retries_per_request", "throughput_rps", "output_tokens_per_s",
+)  # fmt: skip
+_SLO = re.compile(r"^\s*([\w-]+)\.(\w+)\s*(<=|>=|<|>)\s*([-+\d.eE]+)\s*(ms|s|%)?\s*$")
+
+
+@dataclass(frozen=True)
+class SLO:
+    """`tier.measure <= limit` (or >=), the limit in the measure's own unit (seconds, a fraction)."""
+
+    tier: str
+    measure: str
+    upper: bool  # True: the measure must stay at or below the limit
+    limit: float
+    text: str
+
+    def margin(self, value: float) -> float:
+        """How far inside the limit the value is, in the measure's unit (negative: violated)."""
+        if math.isnan(value):
+            return -math.inf
+        return self.limit - value if self.upper else value - self.limit
+
+    def violation(self, value: float) -> float:
+        """The shortfall relative to the limit (0 when met), comparable across SLOs."""
+        return max(0.0, -self.margin(value)) / max(abs(self.limit), 1e-9)
+
+
+def parse_slo(text: str) -> SLO:
+    """Parse `tier.measure<=value[unit]`; units: s, ms (to seconds), % (to a fraction)."""
+    m = _SLO.match(text)
+    if not m:
+        raise InputError(
+            [problem("--slo", text, "expected tier.measure<=value, e.g. interactive.ttft_p99<=3s")]
+        )
+    tier, name, op, raw, unit = m.groups()
+    measure = ALIASES.get(name, name)
+    if measure not in MEASURES:
+        known = ", ".join(sorted({*ALIASES, *MEASURES}))
+        raise InputError([problem("--slo", text, f"unknown measure {name!r}; known: {known}")])
+    value = float(raw) * {"ms": 1e-3, "%": 1e-2}.get(unit or "", 1.0)
+    return SLO(tier, measure, op.startswith("<"), value, text.strip())

@@ -1,6 +1,6 @@
 """An obviously-correct continuous-batching engine: one loop iteration per engine step, no fast-forward.
 
-It follows the same scheduling rules as `simadmit.fleet.engine.Replica` written out plainly, so the fast engine
+It follows the same scheduling rules as `simadmit.fleet.engine.BatchingEngine` written out plainly, so the fast engine
 (fast-forwarded decode stretches, cut short by arrivals) can be checked against it request by request.
 """
 

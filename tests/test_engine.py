@@ -8,7 +8,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit.fleet.engine import BatchLimits, EngineListener, Replica
+from simadmit.fleet.engine import BatchLimits, EngineListener, BatchingEngine
 from simadmit.config.profile import StepTimeModel
 from tests.reference_engine import reference_run
 
@@ -35,7 +35,7 @@ class Recorder(EngineListener):
 def fast_run(arrival, prompt, output, step, limits, observer=None):
     env = simpy.Environment()
     rec = Recorder(len(arrival))
-    replica = Replica(env, 0, step, limits, rec, observer)
+    replica = BatchingEngine(env, 0, step, limits, rec, observer)
     for rid, a in enumerate(arrival):
         env.timeout(float(a)).callbacks.append(
             lambda _e, rid=rid: replica.submit(rid, int(prompt[rid]), int(output[rid]))

@@ -12,7 +12,8 @@ from simadmit.study.runner import run_scenario
 from simadmit.config.loading import load_scenario
 from simadmit.sim.simulation import Simulation
 from simadmit.workload.build import generate
-from simadmit.sim.world import ClientConfig, build_policies, build_world
+from simadmit.admission.client import ClientConfig
+from simadmit.sim.world import build_policies, build_world
 
 
 def hpa(**kw) -> HorizontalAutoscaler:

@@ -34,6 +34,8 @@ class PoolView:
     in_flight_by_tier: dict[str, float] = field(default_factory=dict)  # the same, per tier
     queued: int = 0  # admitted requests not yet scheduled on an engine
     running: int = 0  # requests in an engine batch
+    free_batch_slots: int = 0  # batch slots free on serving replicas
+    kv_used_fraction: float = 0.0  # KV cache in use, over serving replicas
     available_gpus: int = 0  # GPUs of replicas that are serving
     polled_at: float = 0.0
 

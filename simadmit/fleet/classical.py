@@ -1,6 +1,6 @@
 """ClassicalServer: the engine reduced to a textbook queue (batch of 1, service time from a distribution).
 
-It has the same interface as `engine.Replica`, so the whole gateway/pool/client path runs unchanged, and
+It has the same interface as `engine.BatchingEngine`, so the whole gateway/pool/client path runs unchanged, and
 queueing theory (M/M/1, M/M/c, M/M/c/K, M/D/1) can check the simulator end to end.
 """
 
@@ -18,6 +18,8 @@ class ClassicalServer(Engine):
     """One server, FCFS, serving request `rid` for `service_s[rid]` seconds."""
 
     max_seqs = 1
+    kv_used = 0  # a textbook server holds no KV cache
+    kv_cap = 0
 
     def __init__(
         self,

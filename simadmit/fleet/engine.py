@@ -1,4 +1,4 @@
-"""Replica: a vLLM-like continuous-batching engine, simulated one engine iteration per event.
+"""BatchingEngine: a vLLM-like continuous-batching replica, simulated one engine iteration per event.
 
 Each step follows vLLM's V1 scheduler: running sequences first (decodes, then unfinished chunked prefills)
 within the token budget (`max_num_batched_tokens`), then waiting sequences in FCFS order while the batch
@@ -102,7 +102,7 @@ class Engine:
         return self.busy_total + (now - self.busy_since if self.busy else 0.0)
 
 
-class Replica(Engine):
+class BatchingEngine(Engine):
     """One continuous-batching engine (see module docstring)."""
 
     def __init__(

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simadmit.fleet.engine import BatchLimits, EngineListener, Replica
+from simadmit.fleet.engine import BatchLimits, EngineListener, BatchingEngine
 from simadmit.config.profile import Profile
 
 
@@ -41,7 +41,7 @@ def replay_on_profile(
     limits = BatchLimits(
         profile.engine.max_num_seqs, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens
     )
-    engines = [Replica(env, i, profile.step_time, limits, times) for i in range(replicas)]
+    engines = [BatchingEngine(env, i, profile.step_time, limits, times) for i in range(replicas)]
 
     def arrive(rid: int) -> None:
         target = min(engines, key=lambda e: e.n_running + e.n_waiting)

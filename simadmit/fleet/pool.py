@@ -2,23 +2,34 @@
 
 It routes each admitted request to a serving replica (least predicted work, round-robin or fewest
 requests) or, with central dispatch, holds it in one FIFO queue until a replica has a free batch slot: the
-textbook single queue feeding c servers. It keeps the books the gateway polls: in-flight predicted
-GPU-seconds, queued and running requests, available GPUs. An autoscaler may add replicas (serving only
-after their cold start) and drain them (no new work; retired once empty).
+textbook single queue feeding c servers. It keeps the books the gateway polls (in-flight predicted
+GPU-seconds of the estimates the gateway charged, queued and running requests, free batch slots, KV use,
+available GPUs) and publishes them as a `PoolSnapshot`. What happens to each request is reported to a
+`RequestListener` (the simulation's ledger); the pool writes nothing of anyone else's. An autoscaler may
+add replicas (serving only after their cold start) and drain them (no new work; retired once empty).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-
 import numpy as np
 import simpy
 
-from simadmit.fleet.classical import ClassicalServer
-from simadmit.fleet.engine import BatchLimits, EngineListener, Replica, Seq, StepObserver
-from simadmit.sim.ledger import ABORTED, COMPLETED, Ledger
+from simadmit.admission.gateway import PoolSnapshot
 from simadmit.config.profile import StepTimeModel
+from simadmit.fleet.classical import ClassicalServer
+from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener, Seq, StepObserver
+
+
+class RequestListener:
+    """What a pool reports of each request it was given."""
+
+    def on_routed(self, rid: int, replica: int) -> None: ...
+    def on_scheduled(self, rid: int, now: float) -> None: ...
+    def on_first_token(self, rid: int, now: float) -> None: ...
+    def on_finish(self, rid: int, now: float) -> None: ...
+    def on_aborted(self, rid: int, now: float) -> None: ...
+    def on_preempt(self, rid: int) -> None: ...
 
 
 class Pool(EngineListener):
@@ -28,11 +39,9 @@ class Pool(EngineListener):
         index: int,
         replicas: int,
         gpus_per_replica: int,
-        estimate: np.ndarray,
-        workload_prompt: np.ndarray,
-        workload_output: np.ndarray,
-        ledger: Ledger,
-        on_done: Callable[[int], None],
+        workload_prompt: list[int],
+        workload_output: list[int],
+        listener: RequestListener,
         routing: str,
         central: bool,
         step: StepTimeModel | None = None,
@@ -42,11 +51,9 @@ class Pool(EngineListener):
     ) -> None:
         self.env = env
         self.index = index
-        self.estimate = estimate
         self.prompt = workload_prompt
         self.output = workload_output
-        self.ledger = ledger
-        self.on_done = on_done
+        self.listener = listener
         self.routing = routing
         self.central = central
         self.gpus_per_replica = gpus_per_replica
@@ -54,7 +61,7 @@ class Pool(EngineListener):
         self.limits = limits
         self.service_s = service_s
         self.observer = observer
-        self.replicas: list[Replica | ClassicalServer] = []
+        self.replicas: list[BatchingEngine | ClassicalServer] = []
         self.work: list[float] = []  # predicted GPU-seconds routed to each replica and not finished
         self.serving: list[int] = []  # ready and not draining
         self.starting = 0
@@ -66,7 +73,11 @@ class Pool(EngineListener):
         for _ in range(replicas):
             self._new_replica()
         self.seqs: dict[int, Seq] = {}
-        self.tier_of: dict[int, str] = {}  # admitted requests in flight -> their tier
+        # admitted requests in flight -> their tier, the GPU-seconds the gateway charged, their replica
+        self.tier_of: dict[int, str] = {}
+        self.estimate: dict[int, float] = {}
+        self.replica_of: dict[int, int] = {}
+        self.started: set[int] = set()  # in flight and scheduled at least once
         self.queue: deque[int] = deque()  # central dispatch queue
         self.in_queue: set[int] = set()
         self.rr = 0
@@ -85,10 +96,10 @@ class Pool(EngineListener):
     def _new_replica(self) -> int:
         i = len(self.replicas)
         if self.service_s is not None:
-            engine: Replica | ClassicalServer = ClassicalServer(self.env, i, self.service_s, self, self.observer)
+            engine: BatchingEngine | ClassicalServer = ClassicalServer(self.env, i, self.service_s, self, self.observer)
         else:
             assert self.step is not None and self.limits is not None
-            engine = Replica(self.env, i, self.step, self.limits, self, self.observer)
+            engine = BatchingEngine(self.env, i, self.step, self.limits, self, self.observer)
         self.replicas.append(engine)
         self.work.append(0.0)
         self.lifetimes.append([self.env.now, float("inf")])
@@ -141,15 +152,29 @@ class Pool(EngineListener):
 
     # --- gateway side ------------------------------------------------------------------------------
 
-    def admit(self, rid: int, tier: str) -> None:
-        self.in_flight_by_tier[tier] = self.in_flight_by_tier.get(tier, 0.0) + self.estimate[rid]
+    def snapshot(self) -> PoolSnapshot:
+        """The pool's books as its replicas' metrics endpoints would publish them now."""
+        free = 0
+        kv_used = kv_cap = 0
+        for i in self.serving:
+            engine = self.replicas[i]
+            free += max(0, engine.max_seqs - engine.n_running - engine.n_waiting)
+            kv_used += engine.kv_used
+            kv_cap += engine.kv_cap
+        return PoolSnapshot(
+            self.env.now, self.in_flight_gpu_s, dict(self.in_flight_by_tier), self.queued, self.running, free,
+            kv_used / kv_cap if kv_cap else 0.0, self.available_gpus,
+        )  # fmt: skip
+
+    def admit(self, rid: int, tier: str, estimate_gpu_s: float) -> None:
+        """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it."""
+        self.in_flight_by_tier[tier] = self.in_flight_by_tier.get(tier, 0.0) + estimate_gpu_s
         self.tier_of[rid] = tier
-        self.in_flight_gpu_s += self.estimate[rid]
+        self.estimate[rid] = estimate_gpu_s
+        self.in_flight_gpu_s += estimate_gpu_s
         if self.in_flight_gpu_s > self.peak_in_flight_gpu_s:
             self.peak_in_flight_gpu_s = self.in_flight_gpu_s
         self.queued += 1
-        self.ledger.admit[rid] = self.env.now
-        self.ledger.pool[rid] = self.index
         if self.central:
             self.queue.append(rid)
             self.in_queue.add(rid)
@@ -159,23 +184,21 @@ class Pool(EngineListener):
 
     def abort(self, rid: int) -> None:
         """The client went away: take the request out of the queue or the engine."""
-        led = self.ledger
         if rid in self.in_queue:
             self.in_queue.discard(rid)  # removed lazily from the deque
         else:
             seq = self.seqs.pop(rid)
-            r = led.replica[rid]
+            r = self.replica_of[rid]
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
             if r in self.draining:
                 self._retire_if_empty(r)
-        if led.scheduled[rid] != led.scheduled[rid]:  # NaN: never scheduled
-            self.queued -= 1
-        else:
+        if rid in self.started:
             self.running -= 1
-        self._leave(rid, self.estimate[rid])
-        led.outcome[rid] = ABORTED
-        self.on_done(rid)
+        else:
+            self.queued -= 1
+        self._leave(rid)
+        self.listener.on_aborted(rid, self.env.now)
 
     def _route(self) -> int:
         serving = self.serving
@@ -188,9 +211,10 @@ class Pool(EngineListener):
         return min(serving, key=self.work.__getitem__)
 
     def _send(self, rid: int, r: int) -> None:
-        self.ledger.replica[rid] = r
+        self.replica_of[rid] = r
+        self.listener.on_routed(rid, r)
         self.work[r] += self.estimate[rid]
-        self.seqs[rid] = self.replicas[r].submit(rid, int(self.prompt[rid]), int(self.output[rid]))
+        self.seqs[rid] = self.replicas[r].submit(rid, self.prompt[rid], self.output[rid])
 
     def _dispatch(self) -> None:
         queue = self.queue
@@ -211,26 +235,26 @@ class Pool(EngineListener):
     def on_scheduled(self, rid: int, now: float) -> None:
         self.queued -= 1
         self.running += 1
-        self.ledger.scheduled[rid] = now
+        self.started.add(rid)
+        self.listener.on_scheduled(rid, now)
 
     def on_first_token(self, rid: int, now: float) -> None:
-        self.ledger.first_token[rid] = now
+        self.listener.on_first_token(rid, now)
 
     def on_finish(self, rid: int, now: float) -> None:
-        led = self.ledger
-        led.finish[rid] = now
-        led.outcome[rid] = COMPLETED
         self.running -= 1
-        est = self.estimate[rid]
-        self._leave(rid, est)
-        self.work[led.replica[rid]] -= est
+        self.work[self.replica_of[rid]] -= self.estimate[rid]
+        self._leave(rid)
         del self.seqs[rid]
-        self.on_done(rid)
+        self.listener.on_finish(rid, now)
 
-    def _leave(self, rid: int, est: float) -> None:
+    def _leave(self, rid: int) -> None:
+        est = self.estimate.pop(rid)
         self.in_flight_gpu_s -= est
         tier = self.tier_of.pop(rid)
         self.in_flight_by_tier[tier] -= est
+        self.replica_of.pop(rid, None)
+        self.started.discard(rid)
 
     def on_slot_free(self, replica: int) -> None:
         if replica in self.draining:
@@ -239,4 +263,4 @@ class Pool(EngineListener):
             self._dispatch()
 
     def on_preempt(self, rid: int) -> None:
-        self.ledger.preemptions[rid] += 1
+        self.listener.on_preempt(rid)

@@ -21,10 +21,7 @@ def request_table(result: RunResult, workload: Workload, world: World) -> pd.Dat
     """One row per request: lengths, times, outcome and the derived TTFT, E2E and queue wait."""
     led = result.ledger
     pool = np.asarray(led.pool)
-    pool_of_tier = np.zeros(len(workload.tier_names), dtype=int)
-    for p, cfg in enumerate(world.pools):
-        pool_of_tier[list(cfg.tiers)] = p
-    routed = pool_of_tier[workload.tier]
+    routed = np.asarray(world.pool_of_tier, dtype=int)[workload.tier]
     est = np.choose(routed, result.estimates) if len(result.estimates) > 1 else result.estimates[0]
     df = pd.DataFrame(
         {

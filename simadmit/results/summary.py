@@ -107,7 +107,7 @@ def run_summary(result: RunResult, workload: Workload, world: World, req: pd.Dat
     gpu_s = [_gpu_seconds(result, cfg.gpus_per_replica, p, start, end) for p, cfg in enumerate(world.pools)]
     out = {}
     for t, name in enumerate(world.tier_names):
-        pool = next(p for p, cfg in enumerate(world.pools) if t in cfg.tiers)
+        pool = world.pool_of_tier[t]
         cfg = world.pools[pool]
         out[name] = tier_measures(
             req[req["tier"] == name],

@@ -1,9 +1,11 @@
 """Simulation: one run of one admission policy over one workload.
 
-Clients arrive open-loop (one chained event per arrival), a gateway replica applies the policy against
-its possibly stale `PoolView`, admitted requests enter a `Pool` of engines, rejected ones come back after
-a backoff, and every step lands in a `Ledger`. SimPy's environment is used as a bare event scheduler with
-callbacks: no per-request processes, no pydantic, no per-token events.
+Clients arrive open-loop (one chained event per arrival); each attempt goes to the next `Gateway` replica
+(round-robin), which decides against its possibly stale view; admitted requests enter a `Pool` of engines,
+rejected ones come back when the `Client` state machine says, and everything lands in a `Ledger`. The
+gateways, the client and the policies are the admission layer's plain objects: this module only wires
+events to them. SimPy's environment is used as a bare event scheduler with callbacks: no per-request
+processes, no pydantic, no per-token events.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from simadmit.fleet.autoscaler import HorizontalAutoscaler
-from simadmit.admission.client import RetryBudget, backoff_delay
-from simadmit.fleet.engine import StepObserver
+from simadmit.admission.client import Client
 from simadmit.admission.estimator import OutputLearner
-from simadmit.sim.ledger import ABANDONED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, TOO_LONG, Ledger
-from simadmit.admission.policies import AdmissionPolicy, PoolView, Request
-from simadmit.fleet.pool import Pool
+from simadmit.admission.gateway import TOO_LONG, Gateway
+from simadmit.admission.policies import AdmissionPolicy, Request
+from simadmit.fleet.autoscaler import HorizontalAutoscaler
+from simadmit.fleet.engine import StepObserver
+from simadmit.fleet.pool import Pool, RequestListener
+from simadmit.sim.ledger import ABANDONED, ABORTED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, Ledger
+from simadmit.sim.ledger import TOO_LONG as TOO_LONG_OUTCOME
 from simadmit.workload.build import Workload
 from simadmit.sim.world import World
 
@@ -33,7 +37,7 @@ class RunResult:
     policy: str
     seed: int
     ledger: Ledger
-    estimates: list[np.ndarray]  # per pool: predicted GPU-seconds of every request
+    estimates: list[np.ndarray]  # per pool: the GPU-seconds the gateways charged each request
     busy_periods: list[list[list[tuple[float, float]]]]  # pool -> replica -> (start, end)
     lifetimes: list[list[list[float]]]  # pool -> replica -> [serving since, retired at]
     replica_log: list[list[tuple[float, int, int, int]]]  # pool -> (time, serving, starting, draining)
@@ -60,7 +64,7 @@ def policy_requests(workload: Workload) -> list[Request]:
     ]
 
 
-class Simulation:
+class Simulation(RequestListener):
     def __init__(
         self,
         world: World,
@@ -73,7 +77,6 @@ class Simulation:
     ) -> None:
         self.world = world
         self.workload = workload
-        self.policy = policy
         self.seed = seed
         self.env = env = simpy.Environment()
         n = len(workload)
@@ -82,42 +85,34 @@ class Simulation:
         self.requests = requests if requests is not None else policy_requests(workload)
         self.arrival = workload.arrival.tolist()
         self.deadline = workload.deadline.tolist()
-        self.total_tokens = (workload.prompt + workload.max_tokens).tolist()
+        self.pool_of_tier = world.pool_of_tier
         self.tier = workload.tier.tolist()
-        self.pool_of_tier = [0] * len(workload.tier_names)
-        for p, cfg in enumerate(world.pools):
-            for t in cfg.tiers:
-                self.pool_of_tier[t] = p
-        self.pools: list[Pool] = []
-        prompt, output = workload.prompt.tolist(), workload.output.tolist()
-        self.output = output
+        self.output = workload.output.tolist()
+        prompt = workload.prompt.tolist()
         central = world.gateway.dispatch == "central"
+        self.pools: list[Pool] = []
         for p, cfg in enumerate(world.pools):
-            est = cfg.estimator.estimate_many(workload.prompt, workload.max_tokens)
             service = None
             if cfg.service is not None:
                 service = cfg.service.sample(np.random.default_rng([seed, 4, p]), n)
             self.pools.append(
                 Pool(
-                    env, p, cfg.replicas, cfg.gpus_per_replica, est.tolist(), prompt, output, self.ledger,
-                    self._done, world.gateway.routing, central, cfg.profile.step_time, cfg.limits, service,
-                    observer,
+                    env, p, cfg.replicas, cfg.gpus_per_replica, prompt, self.output, self, world.gateway.routing,
+                    central, cfg.profile.step_time, cfg.limits, service, observer,
                 )
             )  # fmt: skip
-        self.est = [pool.estimate for pool in self.pools]  # the pools' own lists: one estimate per request
-        self.learner = OutputLearner() if world.gateway.estimate_output == "learned" else None
-        self.estimators = [cfg.estimator for cfg in world.pools]
-        self.max_tokens = [cfg.max_request_tokens for cfg in world.pools]
-        self.pool_attempts = [0] * len(self.pools)
-        self.pool_rejects = [0] * len(self.pools)
+        # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
+        self.charged = [cfg.estimator.estimate_many(workload.prompt, workload.max_tokens) for cfg in world.pools]
         g = world.gateway
-        self.views = [[PoolView() for _ in self.pools] for _ in range(g.replicas)]
+        learner = OutputLearner() if g.estimate_output == "learned" else None  # all gateways see all streams
+        estimators = [cfg.estimator for cfg in world.pools]
+        limits = [cfg.max_request_tokens for cfg in world.pools]
+        self.gateways = [Gateway(policy, estimators, limits, learner) for _ in range(g.replicas)]
         self.live = g.poll_interval_s == 0
         self.next_gateway = 0
-        self.jitter = np.random.default_rng([seed, 3])
-        self.last_wait: dict[int, float] = {}  # backoff part of each retrying request's last wait
-        c = world.clients
-        self.budget = RetryBudget(c.retry_budget_ratio, c.retry_budget_burst) if c.retry_budget_ratio else None
+        self.client = Client(world.clients, np.random.default_rng([seed, 3]).random)
+        self.pool_attempts = [0] * len(self.pools)
+        self.pool_rejects = [0] * len(self.pools)
         self.outstanding = n
         self.next_arrival = 0
         self.progress = progress
@@ -127,10 +122,10 @@ class Simulation:
 
     def run(self, policy_name: str = "") -> RunResult:
         env = self.env
-        for gw in range(len(self.views)):
+        for gw in range(len(self.gateways)):
             self._poll(gw)
             if not self.live:
-                offset = self.world.gateway.poll_interval_s * gw / len(self.views)
+                offset = self.world.gateway.poll_interval_s * gw / len(self.gateways)
                 env.timeout(offset).callbacks.append(lambda _e, gw=gw: self._poll_loop(gw))
         for p, cfg in enumerate(self.world.pools):
             if cfg.autoscaler is not None:
@@ -160,7 +155,7 @@ class Simulation:
                 periods.append(r.busy_periods)
             busy.append(periods)
         return RunResult(
-            policy_name, self.seed, led, [np.asarray(e) for e in self.est], busy,
+            policy_name, self.seed, led, self.charged, busy,
             [[[a, min(b, env.now)] for a, b in pool.lifetimes] for pool in self.pools],
             [pool.replica_log for pool in self.pools],
             [pool.peak_in_flight_gpu_s for pool in self.pools],
@@ -186,54 +181,37 @@ class Simulation:
         now = self.env.now
         tries = led.attempts[rid] + 1
         led.attempts[rid] = tries
-        if tries == 1 and self.budget is not None:
-            self.budget.deposit()
+        self.client.attempt(tries)
         g = self.next_gateway
-        self.next_gateway = (g + 1) % len(self.views)
+        self.next_gateway = (g + 1) % len(self.gateways)
+        gateway = self.gateways[g]
         p = self.pool_of_tier[self.tier[rid]]
+        if self.live:
+            gateway.refresh(p, self.pools[p].snapshot())
+        request = self.requests[rid]
+        decision, est = gateway.decide(request, p, now)
         led.att_rid.append(rid)
         led.att_time.append(now)
         led.att_gateway.append(g)
-        if self.total_tokens[rid] > self.max_tokens[p]:  # vLLM answers 400: longer than the model allows
-            led.att_reason.append("too_long")
-            led.att_retry_after.append(0.0)
-            led.outcome[rid] = TOO_LONG
+        led.att_reason.append(decision.reason)
+        led.att_retry_after.append(decision.retry_after_s)
+        if decision is TOO_LONG:  # vLLM answers 400: longer than the model allows; never retried
+            led.outcome[rid] = TOO_LONG_OUTCOME
             self._done(rid)
             return
         self.pool_attempts[p] += 1
-        view = self.views[g][p]
-        if self.live:
-            self._refresh(view, self.pools[p], now)
-        if self.learner is not None:  # charge what this tier's requests have really produced so far
-            req = self.requests[rid]
-            out = self.learner.expected_output(req.tier, req.max_tokens)
-            self.est[p][rid] = self.estimators[p].estimate(req.prompt_tokens, out)
-        est = self.est[p][rid]
-        admit, reason, retry_after = self.policy.decide(self.requests[rid], est, view, now)
-        led.att_reason.append(reason)
-        led.att_retry_after.append(retry_after)
-        if not admit:
-            self.pool_rejects[p] += 1
-        if admit:
-            tier = self.requests[rid].tier
-            view.in_flight_gpu_s += est  # this gateway counts its own admits until the next poll
-            view.in_flight_by_tier[tier] = view.in_flight_by_tier.get(tier, 0.0) + est
-            view.queued += 1
-            self.pools[p].admit(rid, tier)
+        self.charged[p][rid] = est
+        if decision.admit:
+            led.admit[rid] = now
+            led.pool[rid] = p
+            self.pools[p].admit(rid, request.tier, est)
             return
-        cfg = self.world.clients
-        if tries > cfg.max_retries:
+        self.pool_rejects[p] += 1
+        delay = self.client.after_rejection(rid, tries, decision.retry_after_s, now, self.deadline[rid])
+        if delay is None:
             led.outcome[rid] = REJECTED
             self._done(rid)
             return
-        previous = self.last_wait.get(rid, 0.0)
-        delay = backoff_delay(tries, retry_after, previous, cfg, float(self.jitter.random()))
-        if now + delay > self.deadline[rid] or (self.budget is not None and not self.budget.withdraw()):
-            # the answer would come too late to matter, or the client has spent its retry budget
-            led.outcome[rid] = REJECTED
-            self._done(rid)
-            return
-        self.last_wait[rid] = delay - (retry_after if cfg.honor_retry_after else 0.0)
         self.env.timeout(delay).callbacks.append(lambda _e: self._attempt(rid))
 
     def _abandon(self, rid: int) -> None:
@@ -242,7 +220,6 @@ class Simulation:
         if led.outcome[rid] != PENDING or led.first_token[rid] == led.first_token[rid]:
             return
         if led.admit[rid] == led.admit[rid]:
-            led.finish[rid] = self.env.now
             self.pools[led.pool[rid]].abort(rid)
         else:
             led.outcome[rid] = ABANDONED
@@ -250,9 +227,34 @@ class Simulation:
 
     def _done(self, rid: int) -> None:
         self.outstanding -= 1
-        if self.learner is not None and self.ledger.outcome[rid] == COMPLETED:
-            self.learner.observe(self.requests[rid].tier, self.output[rid])
-        self.last_wait.pop(rid, None)
+        self.client.forget(rid)
+
+    # --- what the pools report (RequestListener) ---------------------------------------------------------
+
+    def on_routed(self, rid: int, replica: int) -> None:
+        self.ledger.replica[rid] = replica
+
+    def on_scheduled(self, rid: int, now: float) -> None:
+        self.ledger.scheduled[rid] = now
+
+    def on_first_token(self, rid: int, now: float) -> None:
+        self.ledger.first_token[rid] = now
+
+    def on_finish(self, rid: int, now: float) -> None:
+        led = self.ledger
+        led.finish[rid] = now
+        led.outcome[rid] = COMPLETED
+        self.gateways[0].observe_completion(self.requests[rid], self.output[rid])
+        self._done(rid)
+
+    def on_aborted(self, rid: int, now: float) -> None:
+        led = self.ledger
+        led.finish[rid] = now
+        led.outcome[rid] = ABORTED
+        self._done(rid)
+
+    def on_preempt(self, rid: int) -> None:
+        self.ledger.preemptions[rid] += 1
 
     # --- autoscaling ------------------------------------------------------------------------------------
 
@@ -285,19 +287,10 @@ class Simulation:
 
     # --- gateway polling -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _refresh(view: PoolView, pool: Pool, now: float) -> None:
-        view.in_flight_gpu_s = pool.in_flight_gpu_s
-        view.in_flight_by_tier = dict(pool.in_flight_by_tier)
-        view.queued = pool.queued
-        view.running = pool.running
-        view.available_gpus = pool.available_gpus
-        view.polled_at = now
-
     def _poll(self, gw: int) -> None:
-        now = self.env.now
-        for view, pool in zip(self.views[gw], self.pools, strict=True):
-            self._refresh(view, pool, now)
+        gateway = self.gateways[gw]
+        for p, pool in enumerate(self.pools):
+            gateway.refresh(p, pool.snapshot())
 
     def _poll_loop(self, gw: int) -> None:
         self._poll(gw)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simadmit.admission import policies
+from simadmit.admission.client import ClientConfig
 from simadmit.fleet.autoscaler import AutoscalerConfig
 from simadmit.workload.distributions import Distribution
 from simadmit.fleet.engine import BatchLimits
@@ -56,23 +57,12 @@ class GatewayConfig:
 
 
 @dataclass(frozen=True)
-class ClientConfig:
-    max_retries: int
-    honor_retry_after: bool
-    backoff_base_s: float
-    backoff_cap_s: float
-    jitter: str
-    abandon_after_s: float | None
-    retry_budget_ratio: float | None = None
-    retry_budget_burst: float = 10.0
-
-
-@dataclass(frozen=True)
 class World:
     pools: tuple[PoolConfig, ...]
     gateway: GatewayConfig
     clients: ClientConfig
     tier_names: tuple[str, ...]
+    pool_of_tier: tuple[int, ...]  # the pool each tier is routed to (the last pool listing it)
     tier_ttft_slo: tuple[float, ...]
     tier_e2e_slo: tuple[float, ...]
     warmup_s: float
@@ -140,6 +130,10 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
             )
         )
     g, c = spec.gateway, spec.clients
+    pool_of_tier = [0] * len(tier_names)
+    for p, cfg in enumerate(pools):
+        for t in cfg.tiers:
+            pool_of_tier[t] = p
     return World(
         pools=tuple(pools),
         gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),
@@ -154,6 +148,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
             c.retry_budget.burst if c.retry_budget else 10.0,
         ),
         tier_names=tier_names,
+        pool_of_tier=tuple(pool_of_tier),
         tier_ttft_slo=tuple(t.slo.ttft_s for t in spec.workload.tiers),
         tier_e2e_slo=tuple(t.slo.e2e_s for t in spec.workload.tiers),
         warmup_s=spec.workload.warmup_s,

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 
-from simadmit.config.resources import default_scenario
-from simadmit.study.runner import run_scenario
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
 from simadmit.sim.simulation import Simulation, policy_requests
-from simadmit.workload.build import generate
 from simadmit.sim.world import build_policies, build_world
+from simadmit.study.runner import run_scenario
+from simadmit.workload.build import generate
 
 
 def pool16(rate: float, requests: int, policy: str) -> dict[str, object]:
@@ -30,7 +30,9 @@ def pool16(rate: float, requests: int, policy: str) -> dict[str, object]:
         "workload.duration_s": None,
         "workload.requests": requests,
         "workload.warmup_s": 0,
-        "policies": [{"kind": policy, "max_pool_gpu_seconds": 48} if policy == "gpu_seconds" else {"kind": policy}],
+        "policies": [
+            {"kind": policy, "max_pool_gpu_seconds": 48} if policy == "gpu_seconds" else {"kind": policy}
+        ],
     }
 
 
@@ -62,7 +64,10 @@ def capacity_16() -> float:
 
 def in_subprocess(overrides: dict[str, object]) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, __file__, "--case", json.dumps(overrides)], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--case", json.dumps(overrides)],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(out.stdout)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simadmit.study.runner import ScenarioResult, run_scenario
 from simadmit.config.loading import scenario_from_dict
 from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
+from simadmit.study.runner import ScenarioResult, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")
@@ -57,5 +57,7 @@ def classical_scenario(
     )
 
 
-def run(spec: ScenarioSpec, seed: int | None = None, replications: int = 1, tables: bool = False) -> ScenarioResult:
+def run(
+    spec: ScenarioSpec, seed: int | None = None, replications: int = 1, tables: bool = False
+) -> ScenarioResult:
     return run_scenario(spec, build_world(spec, ROOT), seed, replications, keep_tables=tables)

@@ -25,7 +25,10 @@ def mm1_sojourn_quantile(lam: float, mu: float, q: float) -> float:
 def mmck_blocking(lam: float, mu: float, c: int, k: int) -> float:
     """Probability that an arrival finds an M/M/c/K system full (K = servers + waiting places)."""
     a = lam / mu
-    weights = [a**n / math.factorial(n) if n <= c else a**n / (math.factorial(c) * c ** (n - c)) for n in range(k + 1)]
+    weights = [
+        a**n / math.factorial(n) if n <= c else a**n / (math.factorial(c) * c ** (n - c))
+        for n in range(k + 1)
+    ]
     return weights[k] / sum(weights)
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simadmit.fleet.engine import BatchLimits
 from simadmit.config.profile import StepTimeModel
+from simadmit.fleet.engine import BatchLimits
 
 
 @dataclass
@@ -51,7 +51,7 @@ def reference_run(
             return sum(s.kv for s in running)
 
         def preempt(pool: list[_Seq]) -> None:
-            victim = max(pool, key=lambda s: order[s.rid])
+            victim = max(pool, key=lambda q: order[q.rid])
             running.remove(victim)
             victim.kv = victim.computed = 0
             victim.decoding = False

@@ -29,9 +29,18 @@ def test_admission_imports_no_simulator_pandas_or_simpy() -> None:
         "import simadmit.admission.gateway, simadmit.admission.client\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    )
     heavy = {"simpy", "pandas", "matplotlib"}
-    forbidden = ("simadmit.sim", "simadmit.fleet", "simadmit.results", "simadmit.study", "simadmit.workload", "simadmit.cli")
+    forbidden = (
+        "simadmit.sim",
+        "simadmit.fleet",
+        "simadmit.results",
+        "simadmit.study",
+        "simadmit.workload",
+        "simadmit.cli",
+    )
     assert not heavy & {m.split(".")[0] for m in loaded}
     assert not [m for m in loaded if m.startswith(forbidden)]
 
@@ -47,7 +56,9 @@ def request(rid: int, prompt: int = 1000, max_tokens: int = 100, tier: str = "in
 def test_stale_view_plus_own_admits_between_snapshots() -> None:
     """Between polls a gateway sees the last snapshot plus what it admitted itself; another gateway's admits
     stay invisible until the next snapshot, which replaces the view (own admits included in it by then)."""
-    policy = GpuSeconds(budgets_s={"interactive": 100.0}, headroom=1.0, max_pool_gpu_s=10.0)  # only the pool max binds
+    policy = GpuSeconds(
+        budgets_s={"interactive": 100.0}, headroom=1.0, max_pool_gpu_s=10.0
+    )  # only the pool max binds
     a, b = Gateway(policy, [EST], [4096]), Gateway(policy, [EST], [4096])
     a.refresh(0, snapshot(0.0, 4.0))
     b.refresh(0, snapshot(0.0, 4.0))

@@ -19,17 +19,15 @@ from simadmit.workload.arrivals import (
     Diurnal,
     GammaRenewal,
     Poisson,
-    Profile,
+    RateCurve,
     TimeVarying,
     arrival_times,
-    fit_trace,
-    iat_cv,
-    idc,
 )
+from simadmit.workload.trace_fit import fit_trace, iat_cv, idc
 from simadmit.workload.traces import TraceOptions, load_azure, load_mooncake
 
 DATA = Path(__file__).parents[1] / "data" / "traces"
-RAMP_SPIKE_DRAIN = Profile(((0, 0.5), (600, 1.0), (900, 3.0), (960, 1.0), (1200, 1.0), (1500, 0.0)))
+RAMP_SPIKE_DRAIN = RateCurve(((0, 0.5), (600, 1.0), (900, 3.0), (960, 1.0), (1200, 1.0), (1500, 0.0)))
 
 
 def test_exactly_one_of_duration_and_count() -> None:
@@ -127,7 +125,7 @@ def expected_per_bin(process: TimeVarying, rate: float, edges: np.ndarray) -> np
 
 
 @pytest.mark.parametrize("shape", [RAMP_SPIKE_DRAIN, Diurnal(0.8, 1200, 300)])
-def test_thinned_process_follows_its_rate_curve(shape: Profile | Diurnal) -> None:
+def test_thinned_process_follows_its_rate_curve(shape: RateCurve | Diurnal) -> None:
     """Poisson counts in 20 s bins over 200 runs: each bin total is Poisson with mean 200 x integral of
     the rate, so it lies within 4.5 sqrt(mean) (+1 for bins expected empty) of it; and the counts are
     Poisson, not just right on average: the overall IDC_20s is 1 within 2%."""
@@ -158,7 +156,7 @@ def test_inverse_undoes_the_cumulative(t: list[float]) -> None:
     shapes = [
         RAMP_SPIKE_DRAIN,
         Diurnal(0.9, 3600, 100),
-        Profile(((0, 1), (10, 1), (10, 0), (20, 0), (20, 2))),
+        RateCurve(((0, 1), (10, 1), (10, 0), (20, 0), (20, 2))),
     ]
     for shape in shapes:
         c = shape.cumulative(x)
@@ -167,7 +165,7 @@ def test_inverse_undoes_the_cumulative(t: list[float]) -> None:
 
 def test_profile_is_exact_on_a_hand_example() -> None:
     """Factor 0 -> 2 over 10 s, a jump to 1, held: cumulative t^2/10 then 10 + (t - 10)."""
-    p = Profile(((0, 0), (10, 2), (10, 1)))
+    p = RateCurve(((0, 0), (10, 2), (10, 1)))
     assert p.factor(np.array([0.0, 5.0, 10.0, 30.0])).tolist() == [0.0, 1.0, 1.0, 1.0]
     assert p.cumulative(np.array([5.0, 10.0, 30.0])).tolist() == [2.5, 10.0, 30.0]
     assert p.inverse(np.array([2.5, 10.0, 30.0])).tolist() == [5.0, 10.0, 30.0]
@@ -175,10 +173,10 @@ def test_profile_is_exact_on_a_hand_example() -> None:
 
 def test_profile_validation_and_dead_ends() -> None:
     with pytest.raises(ValueError, match="starting at 0"):
-        Profile(((5, 1), (10, 1)))
+        RateCurve(((5, 1), (10, 1)))
     with pytest.raises(ValueError, match="all 0"):
-        Profile(((0, 0), (10, 0)))
-    drained = TimeVarying(Profile(((0, 1), (10, 0))))
+        RateCurve(((0, 0), (10, 0)))
+    drained = TimeVarying(RateCurve(((0, 1), (10, 0))))
     with pytest.raises(ValueError, match="ends at rate 0"):
         arrival_times(drained, np.random.default_rng(0), 1.0, None, 1000)
     with pytest.raises(ValueError, match="ends at rate 0"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from simadmit.config.resources import default_scenario
-from simadmit.study.runner import run_scenario
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
 from simadmit.sim.world import build_world
+from simadmit.study.runner import run_scenario
 
 
 def simulate(**overrides):
@@ -41,7 +41,9 @@ def test_gpu_seconds_keeps_interactive_ttft_near_its_budget(low, high) -> None:
     The price is a high rejection rate at 3x overload, reported, not hidden."""
     service = low.summary["unconditional"]["interactive"]["ttft_p99_s"]
     req = high.requests
-    mine = req[(req["policy"] == "gpu_seconds") & (req["tier"] == "interactive") & (req["decision"] == "admit")]
+    mine = req[
+        (req["policy"] == "gpu_seconds") & (req["tier"] == "interactive") & (req["decision"] == "admit")
+    ]
     first_try = mine[mine["attempt"] == 1]
     assert first_try["ttft_s"].quantile(0.99) <= 3.0 + service
     summary = high.summary["gpu_seconds"]["interactive"]
@@ -49,7 +51,10 @@ def test_gpu_seconds_keeps_interactive_ttft_near_its_budget(low, high) -> None:
     assert 0.5 < summary["rejection_rate"] < 0.95
     unconditional = high.summary["unconditional"]["interactive"]["ttft_p99_s"]
     assert summary["ttft_p99_s"] < unconditional / 20
-    assert high.summary["gpu_seconds"]["all"]["goodput_rps"] > 3 * high.summary["unconditional"]["all"]["goodput_rps"]
+    assert (
+        high.summary["gpu_seconds"]["all"]["goodput_rps"]
+        > 3 * high.summary["unconditional"]["all"]["goodput_rps"]
+    )
 
 
 def test_at_low_load_admission_changes_nothing(low) -> None:

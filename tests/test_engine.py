@@ -8,11 +8,13 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit.fleet.engine import BatchLimits, EngineListener, BatchingEngine
 from simadmit.config.profile import StepTimeModel
+from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener
 from tests.reference_engine import reference_run
 
-STEP = StepTimeModel(overhead_s=0.005, per_prefill_token_s=2e-5, per_decode_seq_s=1e-4, per_context_token_s=1e-6)
+STEP = StepTimeModel(
+    overhead_s=0.005, per_prefill_token_s=2e-5, per_decode_seq_s=1e-4, per_context_token_s=1e-6
+)
 
 
 class Recorder(EngineListener):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from simadmit.admission.estimator import CostEstimator, OutputLearner
-from simadmit.config.resources import default_scenario
-from simadmit.study.runner import run_scenario
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
 from simadmit.sim.world import build_world
+from simadmit.study.runner import run_scenario
 
 
 def test_estimate_is_prefill_plus_decode_time_at_saturation_rates() -> None:
@@ -29,6 +29,7 @@ def test_learner_is_cautious_until_warm_then_charges_the_mean_capped_at_max_toke
 def test_learned_estimates_admit_more_work_at_the_same_latency() -> None:
     """At 3x overload, charging the learned mean output instead of max_tokens brings the estimate close to the
     true cost, so the same GPU-seconds budget admits more work: more goodput, same interactive p99 TTFT."""
+
     def run(mode: str) -> dict:
         spec, base = load_scenario(default_scenario(), {"gateway.estimate_output": mode, "workload.duration_s": 60,
                                                         "policies": [{"kind": "gpu_seconds",

@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simadmit.fleet.autoscaler import AutoscalerConfig, HorizontalAutoscaler
-from simadmit.admission.client import RetryBudget, backoff_delay
-from simadmit.config.resources import default_scenario
-from simadmit.study.runner import run_scenario
+from simadmit.admission.client import ClientConfig, RetryBudget, backoff_delay
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
+from simadmit.fleet.autoscaler import AutoscalerConfig, HorizontalAutoscaler
 from simadmit.sim.simulation import Simulation
-from simadmit.workload.build import generate
-from simadmit.admission.client import ClientConfig
 from simadmit.sim.world import build_policies, build_world
+from simadmit.study.runner import run_scenario
+from simadmit.workload.build import generate
 
 
 def hpa(**kw) -> HorizontalAutoscaler:
@@ -152,8 +151,8 @@ def test_stale_views_overshoot_the_pool_budget_more_with_more_gateways_and_headr
 def test_scaling_down_cancels_a_replica_still_starting_before_draining_a_serving_one() -> None:
     import simpy
 
-    from simadmit.sim.ledger import Ledger
     from simadmit.fleet.pool import Pool
+    from simadmit.sim.ledger import Ledger
 
     env = simpy.Environment()
     service = np.ones(1)

@@ -7,12 +7,12 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simadmit.sim.ledger import COMPLETED
-from simadmit.study.runner import run_scenario
 from simadmit.config.loading import scenario_from_dict
+from simadmit.sim.ledger import COMPLETED
 from simadmit.sim.simulation import Simulation
-from simadmit.workload.build import generate
 from simadmit.sim.world import build_policies, build_world
+from simadmit.study.runner import run_scenario
+from simadmit.workload.build import generate
 from tests.helpers import PROFILE, ROOT
 
 
@@ -23,7 +23,12 @@ def scenarios(draw):
         {
             "name": f"t{i}",
             "share": draw(st.floats(0.1, 1.0)),
-            "prompt_tokens": {"kind": "lognormal", "median": draw(st.integers(10, 800)), "sigma": 0.8, "max": 4000},
+            "prompt_tokens": {
+                "kind": "lognormal",
+                "median": draw(st.integers(10, 800)),
+                "sigma": 0.8,
+                "max": 4000,
+            },
             "output_tokens": {"kind": "lognormal", "median": draw(st.integers(2, 200)), "sigma": 0.8},
             "max_tokens": draw(st.integers(50, 600)),
             "deadline_s": draw(st.one_of(st.none(), st.floats(0.5, 30))),
@@ -78,8 +83,12 @@ def test_every_request_is_accounted_for_and_limits_hold(doc) -> None:
     for name, policy in build_policies(spec).items():
         violations = []
 
-        def observe(_r, running, tokens, kv_used):
-            if running > limits.max_num_seqs or tokens > limits.max_num_batched_tokens or kv_used > limits.kv_capacity_tokens:
+        def observe(_r, running, tokens, kv_used, violations=violations):
+            if (
+                running > limits.max_num_seqs
+                or tokens > limits.max_num_batched_tokens
+                or kv_used > limits.kv_capacity_tokens
+            ):
                 violations.append((running, tokens, kv_used))
 
         sim = Simulation(world, workload, policy, spec.workload.seed, observer=observe)
@@ -88,7 +97,9 @@ def test_every_request_is_accounted_for_and_limits_hold(doc) -> None:
         assert not violations, name
         admitted = ~np.isnan(np.asarray(led.admit))
         outcome = np.asarray(led.outcome)
-        names = np.array(["pending", "completed", "rejected", "abandoned", "aborted", "in_flight", "too_long"])
+        names = np.array(
+            ["pending", "completed", "rejected", "abandoned", "aborted", "in_flight", "too_long"]
+        )
         outcome_names = names[outcome]
         # every arrived request ends admitted, rejected or abandoned; admitted ones completed, aborted or in flight
         assert set(outcome_names[admitted]) <= {"completed", "aborted", "in_flight"}
@@ -127,8 +138,9 @@ def test_policies_in_one_run_see_the_same_arrival_stream() -> None:
     result = run_scenario(spec, build_world(spec, ROOT), keep_tables=True)
     first = result.requests[result.requests["attempt"] == 1]
     streams = {
-        name: g.sort_values("request_id")[["request_id", "arrival_s", "tier", "prompt_tokens", "max_tokens"]]
-        .reset_index(drop=True)
+        name: g.sort_values("request_id")[
+            ["request_id", "arrival_s", "tier", "prompt_tokens", "max_tokens"]
+        ].reset_index(drop=True)
         for name, g in first.groupby("policy", observed=True)
     }
     assert len(streams) == 3
@@ -136,7 +148,9 @@ def test_policies_in_one_run_see_the_same_arrival_stream() -> None:
     for frame in streams.values():
         pd.testing.assert_frame_equal(frame, ref)
     # and the policies did behave differently on it
-    rejected = result.requests.groupby("policy", observed=True)["decision"].apply(lambda d: (d == "reject").sum())
+    rejected = result.requests.groupby("policy", observed=True)["decision"].apply(
+        lambda d: (d == "reject").sum()
+    )
     assert rejected["unconditional"] == 0 and rejected["queue_depth"] > 0
 
 

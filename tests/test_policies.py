@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from simadmit.admission.policies import GpuSeconds, PoolView, QueueDepth, Request, Unconditional
-from simadmit.config.resources import default_scenario
-from simadmit.study.runner import run_scenario
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
 from simadmit.sim.world import build_world
+from simadmit.study.runner import run_scenario
 
 
 def req(tier: str = "interactive", deadline: float | None = None) -> Request:
@@ -26,7 +26,9 @@ def test_gpu_seconds_reasons_in_order() -> None:
     view = PoolView(in_flight_gpu_s=0.0, available_gpus=4)
     assert p.decide(req(), 1.0, view, 0.0).admit
     assert p.decide(req(), 1.0, PoolView(available_gpus=0), 0.0).reason == "pool_exhausted"
-    assert p.decide(req(), 1.0, PoolView(in_flight_gpu_s=40.0, available_gpus=4), 0.0).reason == "pool_exhausted"
+    assert (
+        p.decide(req(), 1.0, PoolView(in_flight_gpu_s=40.0, available_gpus=4), 0.0).reason == "pool_exhausted"
+    )
     # predicted wait 13 / 4 = 3.25 s > 3 s budget: retry when 0.25 s of it has drained -> 1 s
     d = p.decide(req(), 1.0, PoolView(in_flight_gpu_s=13.0, available_gpus=4), 0.0)
     assert (d.reason, d.retry_after_s) == ("would_exceed_sla", 1.0)
@@ -55,7 +57,11 @@ def test_a_batch_cap_stops_batch_from_starving_interactive_in_a_shared_pool() ->
     tier's 3 s threshold and interactive goodput collapses; capping batch at 6 GPU-seconds restores it."""
 
     def interactive(cap: dict) -> dict:
-        policy = {"kind": "gpu_seconds", "budgets_s": {"interactive": 3, "batch": 60}, "tier_max_gpu_seconds": cap}
+        policy = {
+            "kind": "gpu_seconds",
+            "budgets_s": {"interactive": 3, "batch": 60},
+            "tier_max_gpu_seconds": cap,
+        }
         spec, base = load_scenario(default_scenario(), {"policies": [policy], "workload.duration_s": 60})
         return run_scenario(spec, build_world(spec, base)).summary["gpu_seconds"]["interactive"]
 

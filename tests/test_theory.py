@@ -63,7 +63,9 @@ def test_mmc_mean_wait_erlang_c_central_queue() -> None:
     """
     lam, mu, c = 3.6, 1.0, 4
     waits = per_seed(
-        lambda s: classical_scenario(lam, EXP1, c, 200_000, warmup_s=1000, seed=s), "unconditional", "queue_wait_mean_s"
+        lambda s: classical_scenario(lam, EXP1, c, 200_000, warmup_s=1000, seed=s),
+        "unconditional",
+        "queue_wait_mean_s",
     )
     assert waits.mean() == pytest.approx(mmc_mean_wait(lam, mu, c), rel=0.07)
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simadmit.workload import tiers
-from simadmit.workload.arrivals import iat_cv, idc
 from simadmit.config.errors import InputError
 from simadmit.config.resources import bundled_trace
+from simadmit.workload import tiers
+from simadmit.workload.trace_fit import iat_cv, idc
 from simadmit.workload.traces import (
     MAX_LISTED,
     Columns,

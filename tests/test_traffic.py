@@ -7,8 +7,8 @@ import pytest
 
 from simadmit.config.errors import InputError
 from simadmit.config.loading import scenario_from_dict
-from simadmit.workload.traces import load_azure
 from simadmit.workload.build import generate
+from simadmit.workload.traces import load_azure
 from tests.helpers import PROFILE, ROOT
 
 AZURE = ROOT / "data" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

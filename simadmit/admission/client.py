@@ -26,7 +26,9 @@ class ClientConfig:
     retry_budget_burst: float = 10.0
 
 
-def backoff_delay(retry: int, retry_after_s: float, previous_wait_s: float, cfg: ClientConfig, u: float) -> float:
+def backoff_delay(
+    retry: int, retry_after_s: float, previous_wait_s: float, cfg: ClientConfig, u: float
+) -> float:
     """Seconds to wait before retry number `retry` (1-based), given a uniform draw `u` in [0, 1).
 
     The backoff part grows as `min(cap, base * 2**(retry-1))` and is jittered as configured (decorrelated
@@ -75,7 +77,9 @@ class Client:
     def __init__(self, cfg: ClientConfig, draw: Callable[[], float]) -> None:
         self.cfg = cfg
         self.draw = draw
-        self.budget = RetryBudget(cfg.retry_budget_ratio, cfg.retry_budget_burst) if cfg.retry_budget_ratio else None
+        self.budget = (
+            RetryBudget(cfg.retry_budget_ratio, cfg.retry_budget_burst) if cfg.retry_budget_ratio else None
+        )
         self.backoff: dict[int, float] = {}  # backoff part of each retrying request's last wait
 
     def attempt(self, tries: int) -> None:
@@ -83,7 +87,9 @@ class Client:
         if tries == 1 and self.budget is not None:
             self.budget.deposit()
 
-    def after_rejection(self, rid: int, tries: int, retry_after_s: float, now: float, deadline_s: float) -> float | None:
+    def after_rejection(
+        self, rid: int, tries: int, retry_after_s: float, now: float, deadline_s: float
+    ) -> float | None:
         """Seconds until the next attempt of request `rid` after its `tries`-th attempt was rejected, or None
         when the client gives up: retries exhausted, the answer would come too late to matter (past the
         absolute `deadline_s`), or the retry budget is spent."""

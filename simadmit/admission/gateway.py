@@ -28,7 +28,9 @@ class PoolSnapshot:
     in_flight_by_tier: Mapping[str, float]
     queued: int  # admitted, not yet scheduled on an engine
     running: int  # in an engine batch
-    free_batch_slots: int  # over serving replicas: batch slots neither running nor claimed by a waiting request
+    free_batch_slots: (
+        int  # over serving replicas: batch slots neither running nor claimed by a waiting request
+    )
     kv_used_fraction: float  # KV-cache tokens held / KV capacity, over serving replicas
     available_gpus: int  # GPUs of replicas that are serving
 

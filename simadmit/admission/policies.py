@@ -11,7 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM, default_max_pool_gpu_s
+from simadmit.config.defaults import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_BUDGETS_S,
+    DEFAULT_HEADROOM,
+    default_max_pool_gpu_s,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +128,9 @@ class GpuSeconds(AdmissionPolicy):
         if wait > budget:
             return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)))
         if in_flight + estimate_gpu_s > limit:
-            return Decision(False, "pool_headroom_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
+            return Decision(
+                False, "pool_headroom_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus)
+            )
         cap = self.tier_max_gpu_s.get(request.tier)
         if cap is not None:
             mine = view.in_flight_by_tier.get(request.tier, 0.0) + estimate_gpu_s

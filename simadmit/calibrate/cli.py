@@ -186,12 +186,12 @@ def check_command(
     out = Table(title=f"{profile}: simulated vs measured ({requests} requests, {failed} failed)")
     for col in ("metric", "stat", "predicted", "measured", "error"):
         out.add_column(col, justify="right")
-    for row in table.itertuples():
+    for row in table.to_dict("records"):
         out.add_row(
-            row.metric,
-            row.stat,
-            f"{row.predicted_s * 1e3:.1f} ms",
-            f"{row.measured_s * 1e3:.1f} ms",
-            f"{row.error:+.1%}",
+            str(row["metric"]),
+            str(row["stat"]),
+            f"{row['predicted_s'] * 1e3:.1f} ms",
+            f"{row['measured_s'] * 1e3:.1f} ms",
+            f"{row['error']:+.1%}",
         )
     console.print(out)

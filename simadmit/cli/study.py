@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +39,7 @@ from simadmit.study.slo import parse_slo
 from simadmit.study.targets import utilization_targets
 
 
-class BackendName(str, Enum):
+class BackendName(StrEnum):
     process = "process"
     ray = "ray"
 

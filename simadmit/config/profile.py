@@ -31,7 +31,9 @@ class _StepTimeModel(BaseModel):
 class _EngineLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_num_seqs: int = Field(gt=0, description="most sequences in one batch (vLLM --max-num-seqs)")
-    max_num_batched_tokens: int = Field(gt=0, description="token budget of one step (vLLM default 8192 on H100)")
+    max_num_batched_tokens: int = Field(
+        gt=0, description="token budget of one step (vLLM default 8192 on H100)"
+    )
     max_model_len: int = Field(gt=0, description="longest prompt + output the server accepts")
 
 
@@ -146,7 +148,13 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
         raise InputError(pydantic_problems(source, e)) from None
     if p.engine.max_num_batched_tokens < p.engine.max_num_seqs:
         raise InputError(
-            [problem(source, "engine.max_num_batched_tokens", "must be at least engine.max_num_seqs (as in vLLM)")]
+            [
+                problem(
+                    source,
+                    "engine.max_num_batched_tokens",
+                    "must be at least engine.max_num_seqs (as in vLLM)",
+                )
+            ]
         )
     return Profile(
         model=p.model,
@@ -178,4 +186,3 @@ def save_profile(profile: Profile, path: str | Path, header: str = "") -> None:
     lines = [f"# {line}" for line in header.splitlines()]
     lines += [f"# WARNING: {w}" for w in profile.warnings]
     Path(path).write_text(("\n".join(lines) + "\n" if lines else "") + text)
-

@@ -11,7 +11,13 @@ from pathlib import Path
 from simadmit.config.errors import InputError, problem
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-TRACE_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+TRACE_SUFFIXES = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 _ROOTS = (_PACKAGE / "_bundled", _PACKAGE.parent)
 
 

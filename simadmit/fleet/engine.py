@@ -358,4 +358,3 @@ class BatchingEngine(Engine):
         self.seg_k = 0
         self.busy_periods.append((self.busy_since, self.env.now))
         self.busy_total += self.env.now - self.busy_since
-

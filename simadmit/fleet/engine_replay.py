@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from simadmit.fleet.engine import BatchLimits, EngineListener, BatchingEngine
 from simadmit.config.profile import Profile
+from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener
 
 
 class _Times(EngineListener):
@@ -48,7 +48,7 @@ def replay_on_profile(
         target.submit(rid, int(prompt_tokens[rid]), int(output_tokens[rid]))
 
     for rid, at in enumerate(np.asarray(arrival_s, dtype=float)):
-        env.timeout(at).callbacks.append(lambda _e, rid=rid: arrive(rid))
+        env.timeout(at).callbacks.append(lambda _e, rid=rid: arrive(rid))  # type: ignore[misc]
     env.run()
     arrival = np.asarray(arrival_s, dtype=float)
     out = np.asarray(output_tokens)

@@ -12,6 +12,7 @@ add replicas (serving only after their cold start) and drain them (no new work; 
 from __future__ import annotations
 
 from collections import deque
+
 import numpy as np
 import simpy
 
@@ -96,7 +97,9 @@ class Pool(EngineListener):
     def _new_replica(self) -> int:
         i = len(self.replicas)
         if self.service_s is not None:
-            engine: BatchingEngine | ClassicalServer = ClassicalServer(self.env, i, self.service_s, self, self.observer)
+            engine: BatchingEngine | ClassicalServer = ClassicalServer(
+                self.env, i, self.service_s, self, self.observer
+            )
         else:
             assert self.step is not None and self.limits is not None
             engine = BatchingEngine(self.env, i, self.step, self.limits, self, self.observer)

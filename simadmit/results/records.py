@@ -13,8 +13,8 @@ import pandas as pd
 
 from simadmit.sim.ledger import OUTCOMES
 from simadmit.sim.simulation import RunResult
-from simadmit.workload.build import Workload
 from simadmit.sim.world import World
+from simadmit.workload.build import Workload
 
 
 def request_table(result: RunResult, workload: Workload, world: World) -> pd.DataFrame:
@@ -26,8 +26,8 @@ def request_table(result: RunResult, workload: Workload, world: World) -> pd.Dat
     df = pd.DataFrame(
         {
             "request_id": np.arange(len(workload)),
-            "tier": pd.Categorical.from_codes(workload.tier, workload.tier_names),
-            "pool": pd.Categorical.from_codes(routed, [p.name for p in world.pools]),
+            "tier": pd.Categorical.from_codes(workload.tier, pd.Index(workload.tier_names)),
+            "pool": pd.Categorical.from_codes(routed, pd.Index([p.name for p in world.pools])),
             "arrival_s": workload.arrival,
             "prompt_tokens": workload.prompt,
             "max_tokens": workload.max_tokens,
@@ -40,7 +40,7 @@ def request_table(result: RunResult, workload: Workload, world: World) -> pd.Dat
             "finish_s": np.asarray(led.finish),
             "replica": np.where(pool >= 0, np.asarray(led.replica), -1),
             "preemptions": np.asarray(led.preemptions),
-            "outcome": pd.Categorical.from_codes(np.asarray(led.outcome), OUTCOMES),
+            "outcome": pd.Categorical.from_codes(np.asarray(led.outcome), pd.Index(OUTCOMES)),
         }
     )
     completed = df["outcome"] == "completed"
@@ -146,9 +146,10 @@ def timeseries_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
     order_in, order_out = np.argsort(adm), np.argsort(fin)
     cum_in = np.concatenate([[0.0], np.cumsum(est[order_in])])
     cum_out = np.concatenate([[0.0], np.cumsum(est[order_out])])
-    in_flight = cum_in[np.searchsorted(adm[order_in], t, side="right")] - cum_out[
-        np.searchsorted(fin[order_out], t, side="right")
-    ]
+    in_flight = (
+        cum_in[np.searchsorted(adm[order_in], t, side="right")]
+        - cum_out[np.searchsorted(fin[order_out], t, side="right")]
+    )
     busy = np.zeros_like(grid)
     for periods in result.busy_periods:
         for per in periods:

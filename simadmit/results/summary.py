@@ -17,8 +17,8 @@ import pandas as pd
 
 from simadmit.results.records import utilization
 from simadmit.sim.simulation import RunResult
-from simadmit.workload.build import Workload
 from simadmit.sim.world import World
+from simadmit.workload.build import Workload
 
 # two-sided 95% Student t quantiles for 1..30 degrees of freedom
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -125,7 +125,9 @@ def run_summary(result: RunResult, workload: Workload, world: World, req: pd.Dat
     everything["goodput_rps"] = sum(m["goodput_rps"] for m in tiers)
     everything["slo_attainment"] = sum(m["goodput_rps"] for m in tiers) * window / max(len(req), 1)
     true = float(req["true_cost_gpu_s"].sum())
-    everything["estimate_over_true_cost"] = float(req["estimate_gpu_s"].sum()) / true if true > 0 else math.nan
+    everything["estimate_over_true_cost"] = (
+        float(req["estimate_gpu_s"].sum()) / true if true > 0 else math.nan
+    )
     out["all"] = everything
     for p, cfg in enumerate(world.pools):
         log = result.replica_log[p]

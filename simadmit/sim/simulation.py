@@ -26,8 +26,8 @@ from simadmit.fleet.engine import StepObserver
 from simadmit.fleet.pool import Pool, RequestListener
 from simadmit.sim.ledger import ABANDONED, ABORTED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, Ledger
 from simadmit.sim.ledger import TOO_LONG as TOO_LONG_OUTCOME
-from simadmit.workload.build import Workload
 from simadmit.sim.world import World
+from simadmit.workload.build import Workload
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,9 @@ class Simulation(RequestListener):
                 )
             )  # fmt: skip
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
-        self.charged = [cfg.estimator.estimate_many(workload.prompt, workload.max_tokens) for cfg in world.pools]
+        self.charged = [
+            cfg.estimator.estimate_many(workload.prompt, workload.max_tokens) for cfg in world.pools
+        ]
         g = world.gateway
         learner = OutputLearner() if g.estimate_output == "learned" else None  # all gateways see all streams
         estimators = [cfg.estimator for cfg in world.pools]
@@ -126,13 +128,13 @@ class Simulation(RequestListener):
             self._poll(gw)
             if not self.live:
                 offset = self.world.gateway.poll_interval_s * gw / len(self.gateways)
-                env.timeout(offset).callbacks.append(lambda _e, gw=gw: self._poll_loop(gw))
+                env.timeout(offset).callbacks.append(lambda _e, gw=gw: self._poll_loop(gw))  # type: ignore[misc]
         for p, cfg in enumerate(self.world.pools):
             if cfg.autoscaler is not None:
                 scaler = HorizontalAutoscaler(cfg.autoscaler)
                 rng = np.random.default_rng([self.seed, 5, p])
                 env.timeout(cfg.autoscaler.sync_period_s).callbacks.append(
-                    lambda _e, p=p, scaler=scaler, rng=rng: self._autoscale(p, scaler, rng, (0.0, 0, 0))
+                    lambda _e, p=p, scaler=scaler, rng=rng: self._autoscale(p, scaler, rng, (0.0, 0, 0))  # type: ignore[misc]
                 )
         if self.n:
             env.timeout(self.arrival[0]).callbacks.append(self._arrive)
@@ -295,4 +297,6 @@ class Simulation(RequestListener):
     def _poll_loop(self, gw: int) -> None:
         self._poll(gw)
         if self.next_arrival < self.n or self.outstanding > 0:
-            self.env.timeout(self.world.gateway.poll_interval_s).callbacks.append(lambda _e: self._poll_loop(gw))
+            self.env.timeout(self.world.gateway.poll_interval_s).callbacks.append(
+                lambda _e: self._poll_loop(gw)
+            )

@@ -11,9 +11,6 @@ from pathlib import Path
 
 from simadmit.admission import policies
 from simadmit.admission.client import ClientConfig
-from simadmit.fleet.autoscaler import AutoscalerConfig
-from simadmit.workload.distributions import Distribution
-from simadmit.fleet.engine import BatchLimits
 from simadmit.admission.estimator import CostEstimator
 from simadmit.config.profile import Profile, load_profile
 from simadmit.config.resources import resolve_profile
@@ -26,7 +23,10 @@ from simadmit.config.schema import (
     ScenarioSpec,
     policy_name,
 )
+from simadmit.fleet.autoscaler import AutoscalerConfig
+from simadmit.fleet.engine import BatchLimits
 from simadmit.workload.build import distribution
+from simadmit.workload.distributions import Distribution
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,9 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
         )
     g, c = spec.gateway, spec.clients
     pool_of_tier = [0] * len(tier_names)
-    for p, cfg in enumerate(pools):
+    for i, cfg in enumerate(pools):
         for t in cfg.tiers:
-            pool_of_tier[t] = p
+            pool_of_tier[t] = i
     return World(
         pools=tuple(pools),
         gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),

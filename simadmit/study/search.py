@@ -150,7 +150,7 @@ def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
         return tuple((d.path, int(values[d.path]) if d.integer else values[d.path]) for d in dims)
 
     (best,) = search.evaluate([setting(current)])
-    for r in range(search.config.rounds if dims else 0):
+    for _r in range(search.config.rounds if dims else 0):
         for d in dims:
             lo, hi = ranges[d.path]
             values = sorted({*d.grid(lo, hi, search.config.candidates), current[d.path]})

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simadmit.workload import arrivals
-from simadmit.workload import distributions
-from simadmit.workload import traffic
 from simadmit.config.workload_schema import (
     DistSpec,
     EmpiricalSpec,
@@ -23,6 +20,7 @@ from simadmit.config.workload_schema import (
     LogNormalSpec,
     WorkloadSpec,
 )
+from simadmit.workload import arrivals, distributions, traffic
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,9 @@ def assign_tiers(spec: WorkloadSpec, arrival: np.ndarray, rng: np.random.Generat
     """A tier for each arrival, in proportion to the shares of the tiers active at that time."""
     u = rng.random(len(arrival))
     tier = np.full(len(arrival), -1, dtype=np.int64)
-    edges = sorted({0.0, *(t.start_s for t in spec.tiers), *(t.end_s for t in spec.tiers if np.isfinite(t.end_s))})
+    edges = sorted(
+        {0.0, *(t.start_s for t in spec.tiers), *(t.end_s for t in spec.tiers if np.isfinite(t.end_s))}
+    )
     edges.append(np.inf)
     for lo, hi in itertools.pairwise(edges):
         shares = np.array([t.share if t.start_s <= lo and t.end_s >= hi else 0.0 for t in spec.tiers])

@@ -129,7 +129,9 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
         raise InputError([problem(path, None, "trace file not found")])
     kind = TRACE_SUFFIXES.get(path.suffix if path.suffix != ".gz" else Path(path.stem).suffix)
     if kind is None:
-        raise InputError([problem(path, None, f"unknown trace format; use one of {', '.join(TRACE_SUFFIXES)}")])
+        raise InputError(
+            [problem(path, None, f"unknown trace format; use one of {', '.join(TRACE_SUFFIXES)}")]
+        )
     if kind == "parquet":
         table = pd.read_parquet(path)
         _require(path, names, list(table.columns))

@@ -10,9 +10,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from simadmit.workload import arrivals
-from simadmit.workload import tiers
-from simadmit.workload import traces
 from simadmit.config.errors import InputError
 from simadmit.config.workload_schema import (
     DiurnalSpec,
@@ -25,6 +22,7 @@ from simadmit.config.workload_schema import (
     TraceTiersSpec,
     WorkloadSpec,
 )
+from simadmit.workload import arrivals, tiers, trace_fit, traces
 
 _COLUMNS = {"azure": traces.AZURE_COLUMNS, "mooncake": traces.MOONCAKE_COLUMNS}
 
@@ -64,11 +62,11 @@ def arrival_process(spec: WorkloadSpec) -> tuple[arrivals.ArrivalProcess, float]
     elif isinstance(a, MMPPSpec):
         process = arrivals.MMPP2(a.burst_factor, a.calm_s, a.burst_s)
     elif isinstance(a, ProfileArrivalSpec):
-        process = arrivals.TimeVarying(arrivals.Profile(tuple(a.points)), a.cv)
+        process = arrivals.TimeVarying(arrivals.RateCurve(tuple(a.points)), a.cv)
     elif isinstance(a, DiurnalSpec):
         process = arrivals.TimeVarying(arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s), a.cv)
     elif isinstance(a, FitArrivalSpec):
-        fit = arrivals.fit_trace(load(a.trace).frame["arrival_s"].to_numpy(), a.bin_s)
+        fit = trace_fit.fit_trace(load(a.trace).frame["arrival_s"].to_numpy(), a.bin_s)
         process = fit.process()
         rate = rate if rate is not None else fit.rate
     else:
@@ -99,7 +97,9 @@ def max_tokens_policy(spec: MaxTokensSpec) -> tiers.MaxTokensPolicy:
     return tiers.ScaledMaxTokens(spec.factor or 1.0, spec.cap)
 
 
-def replay(spec: WorkloadSpec, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def replay(
+    spec: WorkloadSpec, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Arrival times, tier indices, prompt, actual output and max_tokens of a trace replay."""
     assert spec.trace is not None
     frame = load(spec.trace, spec.rate_multiplier, seed).frame
@@ -112,8 +112,16 @@ def replay(spec: WorkloadSpec, seed: int) -> tuple[np.ndarray, np.ndarray, np.nd
     assigned = tiers.assign_tiers(frame, rule, np.random.default_rng([seed, 1]))
     unknown = sorted(set(assigned) - set(names))
     if unknown:
-        raise InputError([f"workload.trace.tiers: the trace yields tiers {unknown} that workload.tiers lacks"])
+        raise InputError(
+            [f"workload.trace.tiers: the trace yields tiers {unknown} that workload.tiers lacks"]
+        )
     tier = np.array([names.index(t) for t in assigned], dtype=np.int64)
     output = frame["output_tokens"].to_numpy(dtype=np.int64)
     cap = tiers.max_tokens(output, max_tokens_policy(spec.trace.max_tokens))
-    return frame["arrival_s"].to_numpy(dtype=float), tier, frame["prompt_tokens"].to_numpy(np.int64), output, cap
+    return (
+        frame["arrival_s"].to_numpy(dtype=float),
+        tier,
+        frame["prompt_tokens"].to_numpy(np.int64),
+        output,
+        cap,
+    )

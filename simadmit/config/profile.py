@@ -26,6 +26,11 @@ class _StepTimeModel(BaseModel):
     per_prefill_token_s: float = Field(ge=0, description="cost of each prompt token computed in the step")
     per_decode_seq_s: float = Field(ge=0, description="cost of each sequence decoding one token in the step")
     per_context_token_s: float = Field(ge=0, description="cost of each KV token held by scheduled sequences")
+    per_prefill_attention_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="cost of each (prompt token computed, context token it attends to) pair: prefill's quadratic part",
+    )
 
 
 class _EngineLimits(BaseModel):
@@ -61,21 +66,34 @@ class _ProfileFile(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
-    """Linear cost of one engine iteration, in seconds."""
+    """Cost of one engine iteration, in seconds: linear in the work it does, plus prefill attention.
+
+    A prefill chunk of c tokens starting at offset o attends to c*o + c*(c+1)/2 (token, context) pairs
+    (`prefill_attention_pairs`); that term is what makes a long prompt cost more than linearly.
+    """
 
     overhead_s: float
     per_prefill_token_s: float
     per_decode_seq_s: float
     per_context_token_s: float
+    per_prefill_attention_s: float = 0.0
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, attention_pairs: float = 0.0
+    ) -> float:
         """Duration of one step that computes these prefill tokens and decodes these sequences."""
         return (
             self.overhead_s
             + self.per_prefill_token_s * prefill_tokens
             + self.per_decode_seq_s * decode_seqs
             + self.per_context_token_s * context_tokens
+            + self.per_prefill_attention_s * attention_pairs
         )
+
+
+def prefill_attention_pairs(chunk: int, offset: int) -> float:
+    """(token, context) pairs a prefill chunk of `chunk` tokens at `offset` computes attention over."""
+    return chunk * offset + chunk * (chunk + 1) / 2
 
 
 @dataclass(frozen=True, slots=True)

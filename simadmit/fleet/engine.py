@@ -295,7 +295,10 @@ class BatchingEngine(Engine):
         )  # fmt: skip
         k = 1
         if not prefills and not preempted:  # decode only: fast-forward to the first finish or the last
-            k = max(1, self.heap[0][0] - clock)  # step whose blocks can be allocated
+            heap = self.heap  # step whose blocks can be allocated
+            while heap[0][2].state != DECODE or heap[0][2].finish_clock != heap[0][0]:
+                heapq.heappop(heap)  # a preempted sequence's entry would cut the stretch short
+            k = max(1, heap[0][0] - clock)
             free = self.n_blocks - self.blocks_used
             if k > 1 and n_dec * -(-(k - 1) // block) > free:  # cheap bound first
                 k = min(k, 1 + self._steps_on_free_blocks(free, n_dec))

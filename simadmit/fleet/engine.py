@@ -236,7 +236,9 @@ class BatchingEngine(Engine):
         # running order: decoders (each needs a block when its last one is full), then the newest's chunk
         need = self.phase_count[-clock % block] if n_dec else 0
         budget = self.budget - n_dec
-        prefills, need = self._plan_prefills(budget, need)
+        prefills: list[tuple[Seq, int]] = []
+        if self.prefilling:
+            prefills, need = self._plan_prefills(budget, need)
         preempted = need > self.n_blocks - self.blocks_used
         if preempted:  # rare: walk the running order as vLLM does
             self._make_room()
@@ -294,13 +296,15 @@ class BatchingEngine(Engine):
             + self.c_attn * pairs
         )  # fmt: skip
         k = 1
-        if not prefills and not preempted:  # decode only: fast-forward to the first finish or the last
-            heap = self.heap  # step whose blocks can be allocated
+        if not prefills and not preempted:
+            # decode only, and nobody can join: fast-forward to the first finish or to the last step
+            # whose blocks can be allocated
+            heap = self.heap
             while heap[0][2].state != DECODE or heap[0][2].finish_clock != heap[0][0]:
                 heapq.heappop(heap)  # a preempted sequence's entry would cut the stretch short
             k = max(1, heap[0][0] - clock)
             free = self.n_blocks - self.blocks_used
-            if k > 1 and n_dec * -(-(k - 1) // block) > free:  # cheap bound first
+            if k > 1 and n_dec * -(-(k - 1) // block) > free:  # the exact count only when it may bind
                 k = min(k, 1 + self._steps_on_free_blocks(free, n_dec))
         B = self.c_ctx * n_dec
         self.seg_start = self.env.now

@@ -209,7 +209,7 @@ class BatchingEngine(Engine):
             self.seg_k = 0
             self.gen += 1
             _StepTimer(self.env, 0.0, self.gen).callbacks.append(self._on_wake)
-        elif self.n_waiting == 1 and self.n_running < self.max_seqs:
+        elif self.n_waiting == 1 and len(self.prefilling) + len(self.decoders) < self.max_seqs:
             self._cut()
         return seq
 
@@ -250,17 +250,20 @@ class BatchingEngine(Engine):
                 raise RuntimeError("a request needs more KV blocks than the replica has")
         self.blocks_used += need
         self.kv_used += n_dec
+        attention = self.c_attn != 0.0  # count (token, context) pairs only when they cost something
         prefill_tokens = 0
-        pairs = 0.0  # (token, context) pairs prefill attention computes over
+        pairs = 0.0
         for seq, chunk in prefills:
-            pairs += prefill_attention_pairs(chunk, seq.computed)
+            if attention:
+                pairs += prefill_attention_pairs(chunk, seq.computed)
             seq.kv += chunk
             prefill_tokens += chunk
         self.kv_used += prefill_tokens
         budget -= prefill_tokens
         waiting = self.waiting
+        running = len(self.prefilling) + n_dec
         # then the FCFS queue, but never in a step that preempted (vLLM: `if not preempted_reqs`)
-        while not preempted and waiting and budget > 0 and self.n_running < self.max_seqs:
+        while not preempted and waiting and budget > 0 and running < self.max_seqs:
             seq = waiting[0]
             if seq.aborted:
                 waiting.popleft()
@@ -275,6 +278,7 @@ class BatchingEngine(Engine):
             seq.order = self.order
             self.order += 1
             self.prefilling.append(seq)
+            running += 1
             if not seq.started:
                 seq.started = True
                 self.listener.on_scheduled(seq.rid, self.env.now)
@@ -283,13 +287,14 @@ class BatchingEngine(Engine):
             self.blocks_used += nb
             budget -= chunk
             prefill_tokens += chunk
-            pairs += prefill_attention_pairs(chunk, 0)
+            if attention:
+                pairs += prefill_attention_pairs(chunk, 0)
             prefills.append((seq, chunk))
         if n_dec == 0 and not prefills:
             self._go_idle()
             return
         if self.observer is not None:
-            self.observer(self.index, self.n_running, n_dec + prefill_tokens, self.kv_used)
+            self.observer(self.index, running, n_dec + prefill_tokens, self.kv_used)
         # the step time (profile.StepTimeModel.step_time, inlined: this runs once per event)
         A = (
             self.a + self.c_prefill * prefill_tokens + self.c_dec * n_dec + self.c_ctx * self.kv_used
@@ -300,9 +305,11 @@ class BatchingEngine(Engine):
             # decode only, and nobody can join: fast-forward to the first finish or to the last step
             # whose blocks can be allocated
             heap = self.heap
-            while heap[0][2].state != DECODE or heap[0][2].finish_clock != heap[0][0]:
+            top = heap[0]
+            while top[2].state != DECODE or top[2].finish_clock != top[0]:
                 heapq.heappop(heap)  # a preempted sequence's entry would cut the stretch short
-            k = max(1, heap[0][0] - clock)
+                top = heap[0]
+            k = max(1, top[0] - clock)
             free = self.n_blocks - self.blocks_used
             if k > 1 and n_dec * -(-(k - 1) // block) > free:  # the exact count only when it may bind
                 k = min(k, 1 + self._steps_on_free_blocks(free, n_dec))
@@ -372,9 +379,15 @@ class BatchingEngine(Engine):
 
     def _extra_blocks(self, m: int) -> int:
         """Blocks the decoders take in the m steps after the first of a stretch (see above)."""
-        block, clock, count = self.block, self.clock, self.phase_count
+        block, count = self.block, self.phase_count
         q, r = divmod(m, block)
-        return len(self.decoders) * q + sum(count[(-(s + clock + 1)) % block] for s in range(r))
+        if r == 0:
+            return len(self.decoders) * q
+        # slacks 0..r-1 are the phases top, top-1, ..., top-r+1 (cyclically): one or two slices
+        top = (-self.clock - 1) % block
+        low = top - r + 1
+        below = sum(count[low : top + 1]) if low >= 0 else sum(count[: top + 1]) + sum(count[low:])
+        return len(self.decoders) * q + below
 
     def _schedule(self, delay: float) -> None:
         # the timer carries the segment's generation: a stretch cut short leaves a stale timer behind

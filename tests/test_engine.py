@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simadmit.config.profile import StepTimeModel
-from simadmit.fleet.engine import DECODE, BatchingEngine, BatchLimits, EngineListener
+from simadmit.fleet.engine import DECODE, WAITING, BatchingEngine, BatchLimits, EngineListener
 from tests.reference_engine import reference_run
 
 STEP = StepTimeModel(
@@ -23,7 +23,7 @@ class Recorder(EngineListener):
         self.first = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.preemptions = 0
-        self.log: list[tuple[str, int, float]] = []
+        self.preempted: list[int] = []  # in the event being processed
 
     def on_first_token(self, rid: int, now: float) -> None:
         self.first[rid] = now
@@ -33,6 +33,7 @@ class Recorder(EngineListener):
 
     def on_preempt(self, rid: int) -> None:
         self.preemptions += 1
+        self.preempted.append(rid)
 
 
 def check_books(engine: BatchingEngine) -> None:
@@ -54,13 +55,18 @@ def check_books(engine: BatchingEngine) -> None:
 
 
 def fast_run(arrival, prompt, output, step, limits, observer=None, books=False):
+    """Run one replica; with `books`, check its books after every event and that a request preempted in
+    a step is still waiting when that step runs (no admission in a step that preempted)."""
     env = simpy.Environment()
     rec = Recorder(len(arrival))
     replica = BatchingEngine(env, 0, step, limits, rec, observer)
+    seqs = {}
+
+    def submit(rid: int) -> None:
+        seqs[rid] = replica.submit(rid, int(prompt[rid]), int(output[rid]))
+
     for rid, a in enumerate(arrival):
-        env.timeout(float(a)).callbacks.append(
-            lambda _e, rid=rid: replica.submit(rid, int(prompt[rid]), int(output[rid]))
-        )
+        env.timeout(float(a)).callbacks.append(lambda _e, rid=rid: submit(rid))
     events = 0
     while True:
         try:
@@ -70,6 +76,8 @@ def fast_run(arrival, prompt, output, step, limits, observer=None, books=False):
         events += 1
         if books:
             check_books(replica)
+            assert all(seqs[rid].state == WAITING for rid in rec.preempted)
+        rec.preempted.clear()
     return rec, events
 
 
@@ -188,7 +196,7 @@ def test_kv_is_allocated_in_whole_blocks() -> None:
     assert steps == [(0.0, 2, 18, 18)]  # token-granular KV would have taken both at once
 
 
-def test_a_preempting_step_admits_nobody_and_is_not_fast_forwarded() -> None:
+def test_a_preempting_step_is_not_fast_forwarded() -> None:
     """Blocks of 4, a cache of 3. Step 1 prefills A and B (4 tokens each: a block each). In step 2 both
     need a second block and one is free: A, first in running order, takes it; B, the newest, is preempted.
     That step admits nobody (vLLM: no waiting request is scheduled in a step that preempted), so B is not
@@ -208,6 +216,27 @@ def test_a_preempting_step_admits_nobody_and_is_not_fast_forwarded() -> None:
     assert rec.preemptions == 1
     np.testing.assert_allclose(rec.first, [0.01, 0.01])
     np.testing.assert_allclose(rec.finish, [0.06, 0.08])
+    assert_same_as_reference(rec, arrival, prompt, output, OVERHEAD_ONLY, limits)
+
+
+def test_a_preempting_step_does_not_readmit_the_request_it_preempted() -> None:
+    """Blocks of 4, a cache of 4, a budget of 8. Step 1 prefills A (4 tokens) and B's first chunk (4 of
+    11). In step 2 A, decoding, takes a second block; B's next chunk of 7 needs two more, one is free, and
+    B, the newest, is preempted. Its blocks free two, enough for a 7-token chunk, yet B waits for step 3:
+    a step that preempted admits nobody. Then B is recomputed while A finishes.
+    """
+    limits = BatchLimits(4, 8, 16, kv_block_size=4)
+    arrival, prompt, output = [0.0, 0.0], [4, 11], [3, 1]
+    steps, rec = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
+    assert steps == [
+        (0.0, 2, 8, 8),  # A's prompt, B's first chunk
+        (0.01, 1, 1, 5),  # B preempted; A decodes; B not readmitted
+        (0.02, 2, 8, 13),  # B readmitted: a chunk of 7 beside A's last decode
+        (0.03, 1, 4, 11),  # B's last 4 prompt tokens
+    ]
+    assert rec.preemptions == 1
+    np.testing.assert_allclose(rec.first, [0.01, 0.04])
+    np.testing.assert_allclose(rec.finish, [0.03, 0.04])
     assert_same_as_reference(rec, arrival, prompt, output, OVERHEAD_ONLY, limits)
 
 

@@ -214,6 +214,7 @@ class BatchingEngine(Engine):
         return seq
 
     def abort(self, seq: Seq) -> None:
+        """As `Engine.abort`; a stretch that the aborted request kept from admitting is cut short."""
         waiting = seq.state == WAITING
         super().abort(seq)
         if waiting and self.n_running < self.max_seqs:

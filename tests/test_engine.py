@@ -240,6 +240,25 @@ def test_a_preempting_step_does_not_readmit_the_request_it_preempted() -> None:
     assert_same_as_reference(rec, arrival, prompt, output, OVERHEAD_ONLY, limits)
 
 
+def test_aborting_the_blocked_head_of_the_queue_lets_the_next_one_in() -> None:
+    """A decodes alone (fast-forwarded) while B, at the head of the queue, waits for 3 blocks of 4 and
+    only 2 are free; C, behind B, would fit. B's client goes away at 0.045: the stretch is cut at the
+    step in progress and C starts at 0.05, instead of when A finishes at 0.09."""
+    env = simpy.Environment()
+    rec = Recorder(3)
+    replica = BatchingEngine(env, 0, OVERHEAD_ONLY, BatchLimits(4, 64, 16, kv_block_size=4), rec)
+    seqs = {}
+    for rid, at, prompt, output in [(0, 0.0, 4, 9), (1, 0.025, 9, 1), (2, 0.035, 2, 1)]:
+        env.timeout(at).callbacks.append(
+            lambda _e, rid=rid, p=prompt, o=output: seqs.__setitem__(rid, replica.submit(rid, p, o))
+        )
+    env.timeout(0.045).callbacks.append(lambda _e: replica.abort(seqs[1]))
+    env.run()
+    assert rec.finish[0] == pytest.approx(0.09)
+    assert np.isnan(rec.first[1])
+    assert rec.first[2] == pytest.approx(0.06)
+
+
 def test_the_running_order_decides_who_is_preempted() -> None:
     """A request recomputed after a preemption rejoins the running order at its end, so it is the first
     to go at the next shortage, even though it arrived before the request behind it in the queue.

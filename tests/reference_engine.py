@@ -1,16 +1,20 @@
 """An obviously-correct continuous-batching engine: one loop iteration per engine step, no fast-forward.
 
-It follows the same scheduling rules as `simadmit.fleet.engine.BatchingEngine` written out plainly, so the fast engine
-(fast-forwarded decode stretches, cut short by arrivals) can be checked against it request by request.
+It follows vLLM V1's scheduler (`vllm/v1/core/sched/scheduler.py`) written out plainly, request by request:
+the running list in its order, each taking one token (decoding) or the rest of its prompt within the token
+budget (prefilling), KV allocated in blocks; a request whose blocks cannot be allocated preempts the last
+running request (possibly itself); waiting requests are admitted FCFS only in a step that preempted nobody.
+Requests that arrive by a step's start join it. The fast engine (`simadmit.fleet.engine.BatchingEngine`:
+decoders kept as a group, decode stretches fast-forwarded and cut short by arrivals) is checked against it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from simadmit.config.profile import StepTimeModel
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
 from simadmit.fleet.engine import BatchLimits
 
 
@@ -22,10 +26,8 @@ class _Seq:
     prefill_target: int
     computed: int = 0
     generated: int = 0
-    kv: int = 0
+    kv: int = 0  # KV tokens held
     decoding: bool = False
-    chunk: int = 0
-    log: list = field(default_factory=list)
 
 
 def reference_run(
@@ -35,72 +37,72 @@ def reference_run(
     n = len(arrival)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
+    size = limits.kv_block_size
     waiting: list[_Seq] = []
-    running: list[_Seq] = []  # in admission order
-    order: dict[int, int] = {}
+    running: list[_Seq] = []  # in the order they were (last) admitted
     t, i, steps = 0.0, 0, 0
+
+    def blocks(tokens: int) -> int:
+        return -(-tokens // size)
+
     while i < n or waiting or running:
         if not waiting and not running:
             t = max(t, float(arrival[i]))
         while i < n and arrival[i] <= t:
             waiting.append(_Seq(i, int(prompt[i]), int(output[i]), int(prompt[i])))
-            order[i] = i
             i += 1
-
-        def kv_used() -> int:
-            return sum(s.kv for s in running)
-
-        def preempt(pool: list[_Seq]) -> None:
-            victim = max(pool, key=lambda q: order[q.rid])
-            running.remove(victim)
-            victim.kv = victim.computed = 0
-            victim.decoding = False
-            victim.prefill_target = victim.prompt + victim.generated
-            waiting.insert(0, victim)
-
-        while sum(s.decoding for s in running) > limits.kv_capacity_tokens - kv_used():
-            preempt(running)
-        decoders = [s for s in running if s.decoding]
-        for s in decoders:
-            s.kv += 1
-        budget = limits.max_num_batched_tokens - len(decoders)
-        scheduled: list[_Seq] = []
-        prefilling = [s for s in running if not s.decoding]
+        free = limits.kv_blocks - sum(blocks(s.kv) for s in running)
+        budget = limits.max_num_batched_tokens
+        chunks: dict[int, int] = {}  # rid -> tokens scheduled this step
+        preempted = False
         j = 0
-        while j < len(prefilling) and budget > 0:
-            s = prefilling[j]
-            chunk = min(s.prefill_target - s.computed, budget, limits.kv_capacity_tokens - kv_used())
-            if chunk <= 0:
-                preempt(prefilling)
-                prefilling = [p for p in running if not p.decoding]
-                continue
-            s.chunk = chunk
-            s.kv += chunk
-            budget -= chunk
-            scheduled.append(s)
+        while j < len(running) and budget > 0:
+            s = running[j]
+            new = 1 if s.decoding else min(s.prefill_target - s.computed, budget)
+            while blocks(s.kv + new) - blocks(s.kv) > free:
+                victim = running.pop()
+                free += blocks(victim.kv)
+                victim.kv = victim.computed = 0
+                victim.decoding = False
+                victim.prefill_target = victim.prompt + victim.generated
+                waiting.insert(0, victim)
+                preempted = True
+                if victim is s:
+                    break
+            if s not in running:
+                break
+            free -= blocks(s.kv + new) - blocks(s.kv)
+            s.kv += new
+            budget -= new
+            chunks[s.rid] = new
             j += 1
-        while waiting and budget > 0 and len(running) < limits.max_num_seqs:
+        while not preempted and waiting and budget > 0 and len(running) < limits.max_num_seqs:
             s = waiting[0]
-            chunk = min(s.prefill_target - s.computed, budget)
-            if chunk > limits.kv_capacity_tokens - kv_used():
+            new = min(s.prefill_target, budget)
+            if blocks(new) > free:
                 break
             waiting.pop(0)
             running.append(s)
-            s.chunk = chunk
-            s.kv += chunk
-            budget -= chunk
-            scheduled.append(s)
-        prefill_tokens = sum(s.chunk for s in scheduled)
-        t += step.step_time(prefill_tokens, len(decoders), kv_used())
+            free -= blocks(new)
+            s.kv = new
+            budget -= new
+            chunks[s.rid] = new
+        scheduled = [s for s in running if s.rid in chunks]
+        assert len(scheduled) == len(running), "every running request is scheduled in every step"
+        decoders = [s for s in scheduled if s.decoding]
+        prefills = [s for s in scheduled if not s.decoding]
+        prefill_tokens = sum(chunks[s.rid] for s in prefills)
+        pairs = sum(prefill_attention_pairs(chunks[s.rid], s.computed) for s in prefills)
+        context = sum(s.kv for s in scheduled)
+        t += step.step_time(prefill_tokens, len(decoders), context, pairs)
         steps += 1
         for s in decoders:
             s.generated += 1
             if s.generated >= s.target:
                 running.remove(s)
                 finish[s.rid] = t
-        for s in scheduled:
-            s.computed += s.chunk
-            s.chunk = 0
+        for s in prefills:
+            s.computed += chunks[s.rid]
             if s.computed < s.prefill_target:
                 continue
             s.generated += 1

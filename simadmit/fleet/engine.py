@@ -1,15 +1,26 @@
 """BatchingEngine: a vLLM-like continuous-batching replica, simulated one engine iteration per event.
 
-Each step follows vLLM's V1 scheduler: running sequences first (decodes, then unfinished chunked prefills)
-within the token budget (`max_num_batched_tokens`), then waiting sequences in FCFS order while the batch
-has a free slot (`max_num_seqs`) and the KV cache has room; when the KV cache cannot hold the running
-decodes, the newest running sequence is preempted (its KV freed, recomputed later from the waiting queue's
-head). A step lasts the profile's step time.
+Each step follows vLLM V1's scheduler. Running sequences are served in their running order (the order they
+were last admitted in) within the token budget (`max_num_batched_tokens`): a decoding sequence takes one
+token, a sequence still prefilling takes the rest of its prompt or what the budget leaves (a chunk). KV
+memory comes in blocks of `kv_block_size` tokens; a sequence that needs a block when none is free makes the
+newest running sequence give up its blocks (preemption: it returns to the head of the queue, to be
+recomputed). Only in a step that preempted nobody are waiting sequences admitted, in FCFS order, while the
+batch has a slot (`max_num_seqs`), the budget has a token and the KV cache has the blocks for the first
+chunk. A step lasts the profile's step time.
+
+Under these rules only the newest running sequence can be mid-prefill (a later one was admitted only if
+the budget outlasted its prompt), so the running order is: every decoder, oldest first, then that one. The
+engine keeps decoders as a group (KV tokens derived from a step clock, block needs from a count of
+decoders per position within their last block) and walks them one by one only in the rare step that must
+preempt; `tests/reference_engine.py` walks every step literally and the two are compared request by request.
 
 Stretches where the batch only decodes and nothing can join are fast-forwarded: k identical steps become
-one event, ending at the first finish or when the KV cache would run out. Context grows by one token per
-sequence per step, so the stretch's duration is an arithmetic series. An arrival (or an abort) during a
-stretch cuts it at the end of the step in progress, as a real engine would only notice it there.
+one event, ending at the first finish or before the step whose blocks cannot be allocated. Context grows by
+one token per sequence per step, so the stretch's duration is an arithmetic series. An arrival (or an
+abort) during a stretch cuts it at the end of the step in progress, as a real engine would only notice it
+there. Step boundaries are processed after every other event of their instant, so requests that arrive
+together start together.
 """
 
 from __future__ import annotations
@@ -21,21 +32,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import NORMAL, Event, EventPriority
 
-from simadmit.config.profile import StepTimeModel
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+LATE = EventPriority(NORMAL + 1)  # after SimPy's URGENT and NORMAL: a step waits for the rest of its instant
 
 
 class Seq:
     """One admitted request inside an engine. Plain slots object: this is the inner loop."""
 
     __slots__ = (
-        "rid", "prompt", "target", "prefill_target", "computed", "generated", "kv",
+        "rid", "prompt", "target", "prefill_target", "computed", "generated", "kv", "phase",
         "state", "order", "join_clock", "gen_join", "kv_join", "finish_clock", "aborted", "started",
     )  # fmt: skip
 
-    def __init__(self, rid: int, prompt: int, target: int, order: int) -> None:
+    def __init__(self, rid: int, prompt: int, target: int, order: int = 0) -> None:
         self.rid = rid
         self.prompt = prompt
         self.target = target  # output tokens it will produce
@@ -43,8 +56,9 @@ class Seq:
         self.computed = 0
         self.generated = 0
         self.kv = 0  # KV tokens held (while prefilling; decoders derive it from the clock)
+        self.phase = 0  # decoders: (KV tokens - clock) mod block size, fixed while it decodes
         self.state = WAITING
-        self.order = order  # admission order: preemption takes the newest
+        self.order = order  # running order: set each time it is admitted; preemption takes the highest
         self.join_clock = 0
         self.gen_join = 0
         self.kv_join = 0
@@ -55,11 +69,17 @@ class Seq:
 
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
-    """What bounds one engine step: batch slots, token budget, KV-cache tokens."""
+    """What bounds one engine step: batch slots, token budget, KV-cache tokens (in blocks of this size)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_capacity_tokens: int
+    kv_block_size: int = 1
+
+    @property
+    def kv_blocks(self) -> int:
+        """Whole blocks the KV cache holds."""
+        return self.kv_capacity_tokens // self.kv_block_size
 
 
 class EngineListener:
@@ -73,6 +93,23 @@ class EngineListener:
 
 
 StepObserver = Callable[[int, int, int, int], None]  # (replica, running, batched tokens, kv used)
+
+
+class _StepTimer(Event):
+    """A timeout at LATE priority: it fires after every other event scheduled for its instant."""
+
+    def __init__(self, env: simpy.Environment, delay: float, value: int) -> None:
+        # as simpy.Timeout does, minus its NORMAL priority
+        self.env = env
+        self.callbacks = []
+        self._value = value
+        self._ok = True
+        env.schedule(self, LATE, delay)
+
+
+def _blocks(tokens: int, block: int) -> int:
+    """Blocks holding this many KV tokens."""
+    return -(-tokens // block)
 
 
 class Engine:
@@ -120,18 +157,23 @@ class BatchingEngine(Engine):
         self.c_prefill = step.per_prefill_token_s
         self.c_dec = step.per_decode_seq_s
         self.c_ctx = step.per_context_token_s
+        self.c_attn = step.per_prefill_attention_s
         self.max_seqs = limits.max_num_seqs
         self.budget = limits.max_num_batched_tokens
         self.kv_cap = limits.kv_capacity_tokens
+        self.block = limits.kv_block_size
+        self.n_blocks = limits.kv_blocks
         self.listener = listener
         self.observer = observer
         self.waiting: deque[Seq] = deque()
         self.n_waiting = 0  # live (not aborted) waiting sequences
-        self.prefilling: list[Seq] = []
+        self.prefilling: list[Seq] = []  # running and still prefilling, in running order
         self.decoders: set[Seq] = set()
+        self.phase_count = [0] * self.block  # decoders per phase (see Seq.phase)
         self.heap: list[tuple[int, int, Seq]] = []
         self.clock = 0  # decode steps executed
-        self.kv_used = 0
+        self.kv_used = 0  # KV tokens held by running sequences
+        self.blocks_used = 0
         self.order = 0
         self.busy = False
         self.busy_since = 0.0
@@ -158,15 +200,25 @@ class BatchingEngine(Engine):
         return self.n_running + self.n_waiting < self.max_seqs
 
     def submit(self, rid: int, prompt: int, target: int) -> Seq:
-        seq = Seq(rid, prompt, target, self.order)
-        self.order += 1
+        seq = Seq(rid, prompt, target)
         self.waiting.append(seq)
         self.n_waiting += 1
-        if not self.busy:
-            self._wake()
+        if not self.busy:  # the first step starts once every arrival of this instant is in
+            self.busy = True
+            self.busy_since = self.env.now
+            self.seg_k = 0
+            self.gen += 1
+            _StepTimer(self.env, 0.0, self.gen).callbacks.append(self._on_wake)
         elif self.n_waiting == 1 and len(self.prefilling) + len(self.decoders) < self.max_seqs:
             self._cut()
         return seq
+
+    def abort(self, seq: Seq) -> None:
+        """As `Engine.abort`; a stretch that the aborted request kept from admitting is cut short."""
+        waiting = seq.state == WAITING
+        super().abort(seq)
+        if waiting and self.n_running < self.max_seqs:
+            self._cut()  # the queue's head may have been what kept a stretch from admitting
 
     def _abort_running(self, seq: Seq) -> None:
         """Out of the batch at the next step boundary, as vLLM aborts a request whose client disconnected."""
@@ -175,63 +227,93 @@ class BatchingEngine(Engine):
 
     # --- the step loop -------------------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        self.busy = True
-        self.busy_since = self.env.now
-        self._start_step()
+    def _on_wake(self, ev: Event) -> None:
+        if ev.value == self.gen:
+            self._start_step()
 
     def _start_step(self) -> None:
+        clock, block = self.clock, self.block
         n_dec = len(self.decoders)
-        while n_dec > self.kv_cap - self.kv_used:  # each decode needs one more KV token
-            self._preempt_newest([*self.prefilling, *self.decoders])
-            n_dec = len(self.decoders)
-        self.kv_used += n_dec
+        # running order: decoders (each needs a block when its last one is full), then the newest's chunk
+        need = self.phase_count[-clock % block] if n_dec else 0
         budget = self.budget - n_dec
         prefills: list[tuple[Seq, int]] = []
+        if self.prefilling:
+            prefills, need = self._plan_prefills(budget, need)
+        preempted = need > self.n_blocks - self.blocks_used
+        if preempted:  # rare: walk the running order as vLLM does
+            self._make_room()
+            n_dec = len(self.decoders)
+            budget = self.budget - n_dec
+            need = self.phase_count[-clock % block] if n_dec else 0
+            prefills, need = self._plan_prefills(budget, need)
+            if n_dec == 0 and not prefills:
+                raise RuntimeError("a request needs more KV blocks than the replica has")
+        self.blocks_used += need
+        self.kv_used += n_dec
+        attention = self.c_attn != 0.0  # count (token, context) pairs only when they cost something
         prefill_tokens = 0
-        i = 0
-        while i < len(self.prefilling) and budget > 0:  # running chunked prefills continue first
-            seq = self.prefilling[i]
-            chunk = min(seq.prefill_target - seq.computed, budget, self.kv_cap - self.kv_used)
-            if chunk <= 0:  # no KV left: the newest prefill makes room (possibly this one)
-                self._preempt_newest(self.prefilling)
-                continue
+        pairs = 0.0
+        for seq, chunk in prefills:
+            if attention:
+                pairs += prefill_attention_pairs(chunk, seq.computed)
             seq.kv += chunk
-            self.kv_used += chunk
-            budget -= chunk
             prefill_tokens += chunk
-            prefills.append((seq, chunk))
-            i += 1
+        self.kv_used += prefill_tokens
+        budget -= prefill_tokens
         waiting = self.waiting
-        while waiting and budget > 0 and self.n_running < self.max_seqs:  # then the FCFS queue
+        running = len(self.prefilling) + n_dec
+        # then the FCFS queue, but never in a step that preempted (vLLM: `if not preempted_reqs`)
+        while not preempted and waiting and budget > 0 and running < self.max_seqs:
             seq = waiting[0]
             if seq.aborted:
                 waiting.popleft()
                 continue
-            chunk = min(seq.prefill_target - seq.computed, budget)
-            if chunk > self.kv_cap - self.kv_used:
+            chunk = min(seq.prefill_target, budget)
+            nb = -(-chunk // block)
+            if nb > self.n_blocks - self.blocks_used:
                 break
             waiting.popleft()
             self.n_waiting -= 1
             seq.state = PREFILL
+            seq.order = self.order
+            self.order += 1
             self.prefilling.append(seq)
+            running += 1
             if not seq.started:
                 seq.started = True
                 self.listener.on_scheduled(seq.rid, self.env.now)
-            seq.kv += chunk
+            seq.kv = chunk
             self.kv_used += chunk
+            self.blocks_used += nb
             budget -= chunk
             prefill_tokens += chunk
+            if attention:
+                pairs += prefill_attention_pairs(chunk, 0)
             prefills.append((seq, chunk))
         if n_dec == 0 and not prefills:
             self._go_idle()
             return
         if self.observer is not None:
-            self.observer(self.index, self.n_running, n_dec + prefill_tokens, self.kv_used)
-        A = self.a + self.c_prefill * prefill_tokens + self.c_dec * n_dec + self.c_ctx * self.kv_used
+            self.observer(self.index, running, n_dec + prefill_tokens, self.kv_used)
+        # the step time (profile.StepTimeModel.step_time, inlined: this runs once per event)
+        A = (
+            self.a + self.c_prefill * prefill_tokens + self.c_dec * n_dec + self.c_ctx * self.kv_used
+            + self.c_attn * pairs
+        )  # fmt: skip
         k = 1
-        if not self.prefilling:  # decode only: fast-forward to the first finish or the end of free KV
-            k = max(1, min(self.heap[0][0] - self.clock, 1 + (self.kv_cap - self.kv_used) // n_dec))
+        if not prefills and not preempted:
+            # decode only, and nobody can join: fast-forward to the first finish or to the last step
+            # whose blocks can be allocated
+            heap = self.heap
+            top = heap[0]
+            while top[2].state != DECODE or top[2].finish_clock != top[0]:
+                heapq.heappop(heap)  # a preempted sequence's entry would cut the stretch short
+                top = heap[0]
+            k = max(1, top[0] - clock)
+            free = self.n_blocks - self.blocks_used
+            if k > 1 and n_dec * -(-(k - 1) // block) > free:  # the exact count only when it may bind
+                k = min(k, 1 + self._steps_on_free_blocks(free, n_dec))
         B = self.c_ctx * n_dec
         self.seg_start = self.env.now
         self.seg_k = k
@@ -242,11 +324,77 @@ class BatchingEngine(Engine):
         self.gen += 1
         self._schedule(k * A + B * k * (k - 1) / 2)
 
-    def _schedule(self, delay: float) -> None:
-        # the timeout carries the segment's generation: a stretch cut short leaves a stale timer behind
-        self.env.timeout(delay, self.gen).callbacks.append(self._on_timer)
+    def _plan_prefills(self, budget: int, need: int) -> tuple[list[tuple[Seq, int]], int]:
+        """Chunks of the running prefills within the budget, and the blocks needed counting them."""
+        block = self.block
+        prefills = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            chunk = min(seq.prefill_target - seq.computed, budget)
+            need += -(-(seq.kv + chunk) // block) - -(-seq.kv // block)
+            budget -= chunk
+            prefills.append((seq, chunk))
+        return prefills, need
 
-    def _on_timer(self, ev: simpy.Event) -> None:
+    def _make_room(self) -> None:
+        """Preempt from the end of the running order until every earlier sequence gets its blocks.
+
+        vLLM walks the running order and, when a sequence cannot get its blocks, preempts the last one
+        until it can (or it is the last one itself). The survivors are the longest prefix whose needs fit
+        the free blocks plus those the preempted ones held.
+        """
+        block, clock = self.block, self.clock
+        running: list[tuple[Seq, int, int]] = []  # (seq, blocks held, blocks needed this step)
+        for seq in sorted(self.decoders, key=lambda s: s.order):
+            tokens = seq.kv_join + clock - seq.join_clock
+            running.append((seq, _blocks(tokens, block), 1 if tokens % block == 0 else 0))
+        budget = self.budget - len(self.decoders)
+        for seq in self.prefilling:
+            chunk = min(seq.prefill_target - seq.computed, max(budget, 0))
+            budget -= chunk
+            held = _blocks(seq.kv, block)
+            running.append((seq, held, _blocks(seq.kv + chunk, block) - held))
+        room = self.n_blocks - self.blocks_used - sum(need for _, _, need in running)
+        while room < 0:
+            seq, held, need = running.pop()
+            room += held + need
+            self._preempt(seq)
+
+    def _steps_on_free_blocks(self, free: int, n_dec: int) -> int:
+        """How many more decode steps after this one can get their blocks from `free`.
+
+        After this step a decoder has s free slots in its last block (s = its slack); m more steps need
+        ceil((m - s) / block) blocks from it if m > s. With m = q*block + r that totals
+        n_dec*q + #{slack < r}: the largest m within `free` follows from a count of decoders per slack.
+        """
+        block, clock, count = self.block, self.clock, self.phase_count
+        q, left = divmod(free, n_dec)
+        r = below = 0
+        while r < block - 1:
+            below += count[(-(r + clock + 1)) % block]  # decoders with slack r
+            if below > left:
+                break
+            r += 1
+        return q * block + r
+
+    def _extra_blocks(self, m: int) -> int:
+        """Blocks the decoders take in the m steps after the first of a stretch (see above)."""
+        block, count = self.block, self.phase_count
+        q, r = divmod(m, block)
+        if r == 0:
+            return len(self.decoders) * q
+        # slacks 0..r-1 are the phases top, top-1, ..., top-r+1 (cyclically): one or two slices
+        top = (-self.clock - 1) % block
+        low = top - r + 1
+        below = sum(count[low : top + 1]) if low >= 0 else sum(count[: top + 1]) + sum(count[low:])
+        return len(self.decoders) * q + below
+
+    def _schedule(self, delay: float) -> None:
+        # the timer carries the segment's generation: a stretch cut short leaves a stale timer behind
+        _StepTimer(self.env, delay, self.gen).callbacks.append(self._on_timer)
+
+    def _on_timer(self, ev: Event) -> None:
         if ev.value == self.gen:
             self._end_step()
 
@@ -267,7 +415,8 @@ class BatchingEngine(Engine):
             return
         self.seg_k = m
         self.gen += 1
-        self._schedule(self.seg_start + m * A + B * m * (m - 1) / 2 - self.env.now)
+        # an arrival within rounding of a boundary ends the step now, never in the past
+        self._schedule(max(0.0, self.seg_start + m * A + B * m * (m - 1) / 2 - self.env.now))
 
     def _end_step(self) -> None:
         now = self.env.now
@@ -276,6 +425,8 @@ class BatchingEngine(Engine):
         listener = self.listener
         freed = False
         if n_dec:
+            if k > 1:
+                self.blocks_used += self._extra_blocks(k - 1)
             self.clock += k
             self.kv_used += n_dec * (k - 1)
             heap = self.heap
@@ -301,7 +452,7 @@ class BatchingEngine(Engine):
             if seq.generated == 1 and not seq.aborted:
                 listener.on_first_token(seq.rid, now)
             if seq.generated >= seq.target:
-                self.kv_used -= seq.kv
+                self._drop_prefill(seq)
                 seq.state = DONE
                 if not seq.aborted:
                     listener.on_finish(seq.rid, now)
@@ -311,6 +462,8 @@ class BatchingEngine(Engine):
             seq.join_clock = self.clock
             seq.gen_join = seq.generated
             seq.kv_join = seq.kv
+            seq.phase = (seq.kv - self.clock) % self.block
+            self.phase_count[seq.phase] += 1
             seq.finish_clock = self.clock + seq.target - seq.generated
             self.decoders.add(seq)
             heapq.heappush(self.heap, (seq.finish_clock, seq.order, seq))
@@ -320,7 +473,7 @@ class BatchingEngine(Engine):
                     self._drop_decoder(seq)
                 elif seq.state == PREFILL:
                     self.prefilling.remove(seq)
-                    self.kv_used -= seq.kv
+                    self._drop_prefill(seq)
                 seq.state = DONE
             self.pending_aborts.clear()
             freed = True
@@ -331,27 +484,32 @@ class BatchingEngine(Engine):
     def _drop_decoder(self, seq: Seq) -> None:
         kv = seq.kv_join + self.clock - seq.join_clock
         self.decoders.discard(seq)
+        self.phase_count[seq.phase] -= 1
         self.kv_used -= kv
+        self.blocks_used -= -(-kv // self.block)
         seq.generated = seq.gen_join + self.clock - seq.join_clock
 
-    def _preempt_newest(self, candidates: list[Seq] | set[Seq]) -> None:
-        """Free the newest candidate's KV and put it back at the head of the queue, to be recomputed."""
-        newest = max(candidates, key=lambda s: s.order)
-        if newest.state == DECODE:
-            self._drop_decoder(newest)
+    def _drop_prefill(self, seq: Seq) -> None:
+        self.kv_used -= seq.kv
+        self.blocks_used -= -(-seq.kv // self.block)
+
+    def _preempt(self, seq: Seq) -> None:
+        """Free a running sequence's KV and put it back at the head of the queue, to be recomputed."""
+        if seq.state == DECODE:
+            self._drop_decoder(seq)
         else:
-            self.prefilling.remove(newest)
-            self.kv_used -= newest.kv
-        newest.kv = 0
-        newest.computed = 0
-        if newest.aborted:  # its client is gone: no point recomputing it
-            newest.state = DONE
+            self.prefilling.remove(seq)
+            self._drop_prefill(seq)
+        seq.kv = 0
+        seq.computed = 0
+        if seq.aborted:  # its client is gone: no point recomputing it
+            seq.state = DONE
             return
-        newest.state = WAITING
-        newest.prefill_target = newest.prompt + newest.generated
-        self.waiting.appendleft(newest)
+        seq.state = WAITING
+        seq.prefill_target = seq.prompt + seq.generated
+        self.waiting.appendleft(seq)
         self.n_waiting += 1
-        self.listener.on_preempt(newest.rid)
+        self.listener.on_preempt(seq.rid)
 
     def _go_idle(self) -> None:
         self.busy = False

@@ -39,7 +39,10 @@ def replay_on_profile(
     env = simpy.Environment()
     times = _Times(n)
     limits = BatchLimits(
-        profile.engine.max_num_seqs, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens
+        profile.engine.max_num_seqs,
+        profile.engine.max_num_batched_tokens,
+        profile.kv_capacity_tokens,
+        profile.kv_block_size,
     )
     engines = [BatchingEngine(env, i, profile.step_time, limits, times) for i in range(replicas)]
 

@@ -112,6 +112,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
                 e.max_num_seqs or profile.engine.max_num_seqs,
                 e.max_num_batched_tokens or profile.engine.max_num_batched_tokens,
                 e.kv_capacity_tokens or profile.kv_capacity_tokens,
+                profile.kv_block_size,
             )
             service = None
         served = p.tiers or list(tier_names)
@@ -123,7 +124,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
                 gpus_per_replica=p.gpus_per_replica or profile.gpus_per_replica,
                 tiers=tuple(tier_names.index(t) for t in served),
                 limits=limits,
-                max_request_tokens=min(profile.engine.max_model_len, limits.kv_capacity_tokens),
+                max_request_tokens=min(profile.engine.max_model_len, limits.kv_blocks * limits.kv_block_size),
                 service=service,
                 autoscaler=_autoscaler(p),
                 cold_start=distribution(p.autoscaler.cold_start_s) if p.autoscaler else None,

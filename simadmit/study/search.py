@@ -36,6 +36,7 @@ OBJECTIVES = {  # name -> (measure of "all", +1 maximise / -1 minimise, divided 
     "throughput": ("throughput_rps", 1, False),
     "throughput_per_gpu": ("throughput_rps", 1, True),
     "rejection": ("rejection_rate", -1, False),
+    "failure": ("failure_rate", -1, False),
 }
 
 

@@ -9,8 +9,8 @@ beside them. `failure_rate` = requests never answered / requests; `rejection_rat
 ones (429 after every retry, or 400 too long). Queue wait = first scheduled in an engine step - admission.
 Utilization = fraction of replica-time running steps (what a GPU dashboard shows: near 100% as soon as a
 continuous-batching engine always has a request); work utilization = GPU-seconds of completed work at the
-profile's saturation rates / GPU-seconds the serving replicas offered (the x-axis of p99-vs-utilization
-curves); goodput = completed requests meeting their tier's TTFT and E2E SLO, per second. Requests that
+profile's saturation rates / GPU-seconds the ready replicas offered (the x-axis of p99-vs-utilization
+curves), and paid work utilization the same work / GPU-seconds paid for, cold starts included; goodput = completed requests meeting their tier's TTFT and E2E SLO, per second. Requests that
 arrive during the warm-up are left out.
 
 Each run keeps its latencies as `LatencyHistogram`s (under `DISTRIBUTIONS`), so that a percentile over
@@ -198,7 +198,7 @@ def combine(replications: list[dict[str, dict]]) -> dict[str, dict]:
     `<measure>_ci95` is the half-width when there are several replications (for a percentile, the larger
     side of its asymmetric interval); `<percentile>_beyond` counts the pooled observations beyond it (below
     `FEW_BEYOND` its interval is rough); `<measure>_missing` counts replications that produced no value
-    (no request of the group completed, say), left out of the mean: it is present only when some did.
+    (no request of the group completed, say), left out of the mean: present only when one or more did not.
     """
     out: dict[str, dict] = {}
     several = len(replications) > 1

@@ -63,9 +63,9 @@ def test_pooling_histograms_is_pooling_samples() -> None:
 def test_pooled_p99_interval_covers_the_true_p99() -> None:
     """The 95% interval covers the true p99 in at least 90% of 1,000 independent blocks.
 
-    The method's coverage at this small size is ~91-92% (measured over 4,000 blocks; 5 replications leave
-    4 degrees of freedom to a skewed spread), so 1,000 blocks (a standard error of 0.9%) keep the 90%
-    threshold about two standard errors below it. The old estimate (mean of per-run p99s with a
+    The method's coverage at this small size is 91-93% (1,000 blocks each for three other seeds, 92% over
+    2,000 more; 5 replications leave 4 degrees of freedom to a skewed spread), so 1,000 blocks (a standard
+    error of 0.9%) keep the 90% threshold about two standard errors below it. The old estimate (mean of per-run p99s with a
     t-interval) covers it in ~60% of blocks and is ~19% low: the test also checks that it fails."""
     rng = np.random.default_rng(2024)
     covered = old_covered = 0

@@ -125,3 +125,14 @@ def test_utilization_target_is_interpolated_to_the_sla_crossing() -> None:
     assert t.loc["gpu_seconds", "utilization_target"] == pytest.approx(0.7)
     assert not t.loc["gpu_seconds", "sla_left"]
     assert targets["ci95"].tolist() == pytest.approx([0.02, 0.02])
+
+
+def test_an_infinite_percentile_is_judged_by_its_excess_failures() -> None:
+    """A p99 over every arrival is infinite once more than 1% of requests fail: the SLO is violated, and
+    the violation grows with the failures, so among infeasible settings the search prefers fewer."""
+    slo = parse_slo("interactive.ttft_p99<=3s")
+    few = {"ttft_p99_s": float("inf"), "failure_rate": 0.02}
+    many = {"ttft_p99_s": float("inf"), "failure_rate": 0.5}
+    assert slo.margin(few["ttft_p99_s"]) < 0
+    assert 1.0 < slo.violation_in(few) < slo.violation_in(many)
+    assert slo.violation_in({"ttft_p99_s": 6.0, "failure_rate": 0.0}) == pytest.approx(1.0)

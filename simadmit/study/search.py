@@ -130,9 +130,7 @@ class Search:
             for slo in self.slos
         }
         violation = sum(
-            slo.violation(per_load[load][slo.tier][slo.measure])
-            for slo in self.slos
-            for load in self.config.loads
+            slo.violation_in(per_load[load][slo.tier]) for slo in self.slos for load in self.config.loads
         )
         spec = scenario_from_dict(self.document, self.source, dict(setting))
         gpus = sum(c.replicas * c.gpus_per_replica for c in build_world(spec, self.source.parent).pools)

@@ -61,6 +61,16 @@ class SLO:
         """The shortfall relative to the limit (0 when met), comparable across SLOs."""
         return max(0.0, -self.margin(value)) / max(abs(self.limit), 1e-9)
 
+    def violation_in(self, measures: dict[str, float]) -> float:
+        """`violation` of this SLO's measure in a group's measures. A percentile over every arrival is
+        infinite when more requests failed than its tail holds; it is then judged by that excess (1 + the
+        failures beyond the tail share, in units of it), so a search can still walk towards feasibility."""
+        value = measures[self.measure]
+        if math.isinf(value) and value > 0 and self.measure in PERCENTILES and PERCENTILES[self.measure][2]:
+            tail = 1 - PERCENTILES[self.measure][1]
+            return 1.0 + max(0.0, measures["failure_rate"] - tail) / tail
+        return self.violation(value)
+
 
 def parse_slo(text: str) -> SLO:
     """Parse `tier.measure<=value[unit]`; units: s, ms (to seconds), % (to a fraction)."""

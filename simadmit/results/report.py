@@ -44,6 +44,8 @@ def _cell(measures: dict, key: str, fmt: str) -> str:
     half = measures.get(f"{key}_ci95")
     if half is not None and math.isfinite(half):
         text += "±" + fmt.format(half).rstrip("%")
+    elif half is not None and math.isinf(half):
+        text += "±inf"  # the interval is unbounded: too few observations beyond the percentile
     return text
 
 

@@ -64,8 +64,8 @@ def _curve(
     ax.plot(x, y, markersize=3, label=label, **style)  # type: ignore[arg-type]
     if err is not None and np.isfinite(err).any():
         ok = np.isfinite(y) & np.isfinite(err)  # an infinite p99 (over 1% never answered) has no band
-        ax.fill_between(x, np.where(ok, y - err, np.nan), np.where(ok, y + err, np.nan), where=ok,
-                        color=style["color"], alpha=0.15, linewidth=0)  # fmt: skip
+        mid, half = np.where(ok, y, 0.0), np.where(ok, err, 0.0)
+        ax.fill_between(x, mid - half, mid + half, where=ok, color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _ci(rows: pd.DataFrame, measure: str) -> np.ndarray | None:

@@ -3,9 +3,8 @@ stated as properties that follow from the mechanisms rather than as digits of on
 
 Tolerances come from seeds 1-5 at these durations (mean +- standard deviation over the seeds, written
 next to each check; `python scripts/story_noise.py default 1,2,3,4,5` prints them): a check holds for every
-one of them with several standard deviations to spare, and a
-simulator that changed the mechanism (served faster without emptying the queue faster, admitted past the
-budget, lost requests) would break it.
+one of them with several standard deviations to spare, and a simulator that changed the mechanism (served
+faster without emptying the queue faster, admitted past the budget, lost requests) would break it.
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ def main(story: str, seeds: list[int]) -> None:
     for key in runs[0]:
         values = np.array([r[key] for r in runs], dtype=float)
         per_seed = " ".join(f"{v:.4g}" for v in values)
-        print(f"{key}: {per_seed} | mean {values.mean():.4g} sd {values.std(ddof=1):.3g}")
+        spread = f" sd {values.std(ddof=1):.3g}" if len(values) > 1 else ""
+        print(f"{key}: {per_seed} | mean {values.mean():.4g}{spread}")
 
 
 if __name__ == "__main__":

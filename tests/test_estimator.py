@@ -40,4 +40,4 @@ def test_learned_estimates_admit_more_work_at_the_same_latency() -> None:
     assert plain["all"]["estimate_over_true_cost"] > 1.8
     assert learned["all"]["estimate_over_true_cost"] < 1.3
     assert learned["all"]["goodput_rps"] > 1.2 * plain["all"]["goodput_rps"]
-    assert learned["interactive"]["ttft_p99_s"] < plain["interactive"]["ttft_p99_s"] + 1.0
+    assert learned["interactive"]["served_ttft_p99_s"] < plain["interactive"]["served_ttft_p99_s"] + 1.0

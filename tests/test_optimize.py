@@ -125,3 +125,30 @@ def test_utilization_target_is_interpolated_to_the_sla_crossing() -> None:
     assert t.loc["gpu_seconds", "utilization_target"] == pytest.approx(0.7)
     assert not t.loc["gpu_seconds", "sla_left"]
     assert targets["ci95"].tolist() == pytest.approx([0.02, 0.02])
+
+
+def test_an_infinite_percentile_is_judged_by_its_excess_failures() -> None:
+    """A p99 over every arrival is infinite once more than 1% of requests fail: the SLO is violated, and
+    the violation grows with the failures, so among infeasible settings the search prefers fewer."""
+    slo = parse_slo("interactive.ttft_p99<=3s")
+    few = {"ttft_p99_s": float("inf"), "failure_rate": 0.02}
+    many = {"ttft_p99_s": float("inf"), "failure_rate": 0.5}
+    assert slo.margin(few["ttft_p99_s"]) < 0
+    assert 1.0 < slo.violation_in(few) < slo.violation_in(many)
+    assert slo.violation_in({"ttft_p99_s": 6.0, "failure_rate": 0.0}) == pytest.approx(1.0)
+
+
+def test_an_infinite_p99_leaves_the_sla_and_no_limit_is_no_limit() -> None:
+    """More than 1% failing makes the every-arrival p99 infinite: the target is the last point inside (no
+    interpolation into infinity). An infinite SLA (no E2E limit) holds even for an infinite E2E p99."""
+    rows = []
+    for point, (util, p99) in enumerate([(0.3, 1.0), (0.5, 2.0), (0.7, math.inf)]):
+        for tier in ("interactive", "all"):
+            rows.append({"point": point, "workload.rate_multiplier": point + 1, "policy": "gpu_seconds",
+                         "tier": tier, "arrival_rate_rps": 10.0 * (point + 1), "ttft_p99_s": p99,
+                         "e2e_p99_s": math.inf, "work_utilization": util})  # fmt: skip
+    targets = utilization_targets(
+        pd.DataFrame(rows), {"interactive": {"ttft_s": 3.0, "e2e_s": math.inf}}, "interactive"
+    )
+    assert targets["utilization_target"].tolist() == pytest.approx([0.5])
+    assert targets["sla_left"].tolist() == [True]

@@ -63,7 +63,9 @@ def _curve(
 ) -> None:
     ax.plot(x, y, markersize=3, label=label, **style)  # type: ignore[arg-type]
     if err is not None and np.isfinite(err).any():
-        ax.fill_between(x, y - err, y + err, color=style["color"], alpha=0.15, linewidth=0)
+        ok = np.isfinite(y) & np.isfinite(err)  # an infinite p99 (over 1% never answered) has no band
+        mid, half = np.where(ok, y, 0.0), np.where(ok, err, 0.0)
+        ax.fill_between(x, mid - half, mid + half, where=ok, color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _ci(rows: pd.DataFrame, measure: str) -> np.ndarray | None:
@@ -72,7 +74,9 @@ def _ci(rows: pd.DataFrame, measure: str) -> np.ndarray | None:
 
 
 def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float] | None = None) -> Figure:
-    """p99 TTFT and p99 E2E of `tier` against the pool's GPU utilization, one curve per policy."""
+    """p99 TTFT and p99 E2E of `tier` against the pool's GPU utilization, one curve per policy: over every
+    arrival (a request never answered is a miss, so the curve ends where more than 1% fail), and thin, over
+    the served requests only."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     util = table[table["tier"] == "all"].set_index(["point", "policy"])
@@ -81,6 +85,8 @@ def latency_vs_utilization(table: pd.DataFrame, tier: str, slo: dict[str, float]
         x = 100 * pool["work_utilization"].to_numpy(dtype=float)
         for ax, measure in zip(axes, ("ttft_p99_s", "e2e_p99_s"), strict=True):
             _curve(ax, x, rows[measure].to_numpy(dtype=float), _ci(rows, measure), label, style)
+            served = {**style, "linewidth": 0.8, "alpha": 0.6, "marker": None}
+            ax.plot(x, rows[f"served_{measure}"].to_numpy(dtype=float), label=f"{label} (served)", **served)
     for ax, (key, name) in zip(
         axes, (("ttft_s", "p99 TTFT"), ("e2e_s", "p99 end-to-end latency")), strict=True
     ):

@@ -1,4 +1,8 @@
-"""Report: the summary as terminal tables, one row per policy and tier."""
+"""Report: the summary as terminal tables, one row per policy and tier, and the notes that qualify it.
+
+Latency percentiles count every arrival (a request never answered is an infinite latency, shown `inf`);
+the `served` columns are over completed requests only.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,20 @@ import math
 from rich.console import Console
 from rich.table import Table
 
+from simadmit.results.summary import notes
+
 LATENCY = (
     ("ttft_p50_s", "TTFT p50", "{:.2f}"),
-    ("ttft_p90_s", "p90", "{:.2f}"),
     ("ttft_p99_s", "p99", "{:.2f}"),
+    ("served_ttft_p50_s", "served p50", "{:.2f}"),
+    ("served_ttft_p99_s", "served p99", "{:.2f}"),
     ("e2e_p50_s", "E2E p50", "{:.2f}"),
-    ("e2e_p90_s", "p90", "{:.2f}"),
     ("e2e_p99_s", "p99", "{:.2f}"),
+    ("served_e2e_p99_s", "served p99", "{:.2f}"),
 )
 LOAD = (
     ("requests", "requests", "{:.0f}"),
+    ("failure_rate", "failed", "{:.1%}"),
     ("rejection_rate", "rejected", "{:.1%}"),
     ("queue_wait_mean_s", "wait mean s", "{:.2f}"),
     ("queue_wait_p99_s", "wait p99 s", "{:.2f}"),
@@ -30,10 +38,14 @@ def _cell(measures: dict, key: str, fmt: str) -> str:
     value = measures.get(key, math.nan)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if math.isinf(value):
+        return "inf"
     text = fmt.format(value)
     half = measures.get(f"{key}_ci95")
-    if half is not None and not math.isnan(half):
+    if half is not None and math.isfinite(half):
         text += "±" + fmt.format(half).rstrip("%")
+    elif half is not None and math.isinf(half):
+        text += "±inf"  # the interval is unbounded: too few observations beyond the percentile
     return text
 
 
@@ -56,7 +68,11 @@ def summary_table(
 
 
 def print_summary(summary: dict[str, dict[str, dict]], title: str, console: Console | None = None) -> None:
-    """Two tables: latencies (seconds, from first arrival) and load (rejections, waits, GPU, goodput)."""
+    """Two tables: latencies (seconds, from first arrival) and load (failures, waits, GPU, goodput); then
+    the notes on percentiles resting on few observations and on replications that gave no value."""
     console = console or Console()
-    console.print(summary_table(summary, f"{title}\nlatency, seconds from first arrival", LATENCY))
+    heading = "latency, seconds from first arrival; every arrival counts (never answered: inf), served: completed only"
+    console.print(summary_table(summary, f"{title}\n{heading}", LATENCY))
     console.print(summary_table(summary, "load", LOAD))
+    for line in notes(summary):
+        console.print(f"note: {line}", highlight=False, soft_wrap=True)

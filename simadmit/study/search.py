@@ -36,6 +36,7 @@ OBJECTIVES = {  # name -> (measure of "all", +1 maximise / -1 minimise, divided 
     "throughput": ("throughput_rps", 1, False),
     "throughput_per_gpu": ("throughput_rps", 1, True),
     "rejection": ("rejection_rate", -1, False),
+    "failure": ("failure_rate", -1, False),
 }
 
 
@@ -129,9 +130,7 @@ class Search:
             for slo in self.slos
         }
         violation = sum(
-            slo.violation(per_load[load][slo.tier][slo.measure])
-            for slo in self.slos
-            for load in self.config.loads
+            slo.violation_in(per_load[load][slo.tier]) for slo in self.slos for load in self.config.loads
         )
         spec = scenario_from_dict(self.document, self.source, dict(setting))
         gpus = sum(c.replicas * c.gpus_per_replica for c in build_world(spec, self.source.parent).pools)

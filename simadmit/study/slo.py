@@ -2,9 +2,12 @@
 
 An SLO names a tier (or `all`), a summary measure and a limit: `interactive.ttft_p99<=3s`,
 `interactive.rejection<=2%`, `all.queue_wait_mean_s<=0.5s`. Short aliases name the summary's measures
-(`ttft_p99` for `ttft_p99_s`, `rejection` for `rejection_rate`), limits are converted to the measure's
-own unit (ms to seconds, % to a fraction), and each SLO reports its margin and a relative violation so a
-search can walk from infeasible settings towards feasible ones.
+(`ttft_p99` for `ttft_p99_s`, `failure` for `failure_rate`), limits are converted to the measure's own
+unit (ms to seconds, % to a fraction), and each SLO reports its margin and a relative violation so a
+search can walk from infeasible settings towards feasible ones. A latency percentile an SLO names counts
+every arrival: a request never answered (rejected, abandoned, aborted) is a miss, so `ttft_p99<=3s` holds
+only when 99% of requests got a first token within 3 s. The `served_` percentiles (completed requests
+only) can be named explicitly.
 """
 
 from __future__ import annotations
@@ -14,9 +17,16 @@ import re
 from dataclasses import dataclass
 
 from simadmit.config.errors import InputError, problem
+from simadmit.results.summary import PERCENTILES
 
 ALIASES = {
-    **{f"{m}_{p}": f"{m}_{p}_s" for m in ("ttft", "e2e") for p in ("p50", "p90", "p99")},
+    **{
+        f"{s}{m}_{p}": f"{s}{m}_{p}_s"
+        for s in ("", "served_")
+        for m in ("ttft", "e2e")
+        for p in ("p50", "p90", "p99")
+    },
+    "failure": "failure_rate",
     "queue_wait_mean": "queue_wait_mean_s",
     "queue_wait_p99": "queue_wait_p99_s",
     "rejection": "rejection_rate",
@@ -24,10 +34,9 @@ ALIASES = {
     "throughput": "throughput_rps",
 }
 MEASURES = (
-    "requests", "rejection_rate", "attempt_rejection_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "queue_wait_mean_s", "queue_wait_p99_s", "utilization",
-    "work_utilization", "goodput_rps", "slo_attainment", "offered_rps", "carried_rps", "admitted_rps",
-    "retries_per_request", "throughput_rps", "output_tokens_per_s",
+    "requests", "failure_rate", "rejection_rate", "attempt_rejection_rate", *PERCENTILES, "queue_wait_mean_s",
+    "utilization", "work_utilization", "paid_work_utilization", "goodput_rps", "slo_attainment", "offered_rps",
+    "carried_rps", "admitted_rps", "retries_per_request", "throughput_rps", "output_tokens_per_s",
 )  # fmt: skip
 _SLO = re.compile(r"^\s*([\w-]+)\.(\w+)\s*(<=|>=|<|>)\s*([-+\d.eE]+)\s*(ms|s|%)?\s*$")
 
@@ -51,6 +60,16 @@ class SLO:
     def violation(self, value: float) -> float:
         """The shortfall relative to the limit (0 when met), comparable across SLOs."""
         return max(0.0, -self.margin(value)) / max(abs(self.limit), 1e-9)
+
+    def violation_in(self, measures: dict[str, float]) -> float:
+        """`violation` of this SLO's measure in a group's measures. A percentile over every arrival is
+        infinite when more requests failed than its tail holds; it is then judged by that excess (1 + the
+        failures beyond the tail share, in units of it), so a search can still walk towards feasibility."""
+        value = measures[self.measure]
+        if math.isinf(value) and value > 0 and self.measure in PERCENTILES and PERCENTILES[self.measure][2]:
+            tail = 1 - PERCENTILES[self.measure][1]
+            return 1.0 + max(0.0, measures["failure_rate"] - tail) / tail
+        return self.violation(value)
 
 
 def parse_slo(text: str) -> SLO:

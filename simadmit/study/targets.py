@@ -34,7 +34,7 @@ def utilization_targets(
         u = pool["work_utilization"].to_numpy()
         u_ci = pool.get("work_utilization_ci95", pd.Series(math.nan, index=pool.index)).to_numpy()
         excess = np.maximum(
-            group["ttft_p99_s"].to_numpy() / slo["ttft_s"], group["e2e_p99_s"].to_numpy() / slo["e2e_s"]
+            _excess(group["ttft_p99_s"], slo["ttft_s"]), _excess(group["e2e_p99_s"], slo["e2e_s"])
         )
         inside = excess <= 1
         out = np.flatnonzero(~inside)
@@ -60,3 +60,9 @@ def utilization_targets(
                        arrival_rate_rps=float(group["arrival_rate_rps"].iloc[best]), sla_left=False)  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _excess(p99: pd.Series, limit: float) -> np.ndarray:
+    """p99 / limit; 0 without a limit (an infinite one), even for an infinite p99 (over 1% failed)."""
+    values = p99.to_numpy(dtype=float)
+    return values / limit if math.isfinite(limit) else np.zeros_like(values)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM
 from simadmit.config.overrides import element_name
@@ -20,11 +20,17 @@ from simadmit.config.workload_schema import DistSpec, FixedSpec, Spec, WorkloadS
 # --- pools -------------------------------------------------------------------------------------------
 
 
+MAX_REPLICAS = 10_000  # a bigger fleet (or gateway tier) is a typo, and would not fit in memory
+MIN_PERIOD_S = 0.001  # shortest poll or sync period: shorter ones only multiply events
+
+
 class ContinuousEngineSpec(Spec):
     kind: Literal["continuous"] = "continuous"
-    max_num_seqs: int | None = Field(default=None, gt=0, description="overrides the profile")
-    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
-    kv_capacity_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
+    max_num_seqs: int | None = Field(default=None, gt=0, le=2**31, description="overrides the profile")
+    max_num_batched_tokens: int | None = Field(
+        default=None, gt=0, le=2**31, description="overrides the profile"
+    )
+    kv_capacity_tokens: int | None = Field(default=None, gt=0, le=2**40, description="overrides the profile")
 
 
 class ClassicalEngineSpec(Spec):
@@ -54,9 +60,9 @@ class AutoscalerSpec(Spec):
     target: float = Field(
         gt=0, description="0.7 for gpu_utilization; seconds of in-flight work per GPU for queue_wait"
     )
-    min_replicas: int = Field(default=1, gt=0)
-    max_replicas: int = Field(gt=0)
-    sync_period_s: float = Field(default=15.0, gt=0)
+    min_replicas: int = Field(default=1, gt=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(gt=0, le=MAX_REPLICAS)
+    sync_period_s: float = Field(default=15.0, ge=MIN_PERIOD_S)
     tolerance: float = Field(default=0.1, ge=0)
     scale_up_stabilization_s: float = Field(default=0.0, ge=0)
     scale_down_stabilization_s: float = Field(default=300.0, ge=0)
@@ -74,8 +80,8 @@ class AutoscalerSpec(Spec):
 class PoolSpec(Spec):
     name: str = "pool"
     profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
-    replicas: int = Field(gt=0)
-    gpus_per_replica: int | None = Field(default=None, gt=0, description="defaults to the profile's")
+    replicas: int = Field(gt=0, le=MAX_REPLICAS)
+    gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
     engine: EngineSpec = ContinuousEngineSpec()
     tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
     autoscaler: AutoscalerSpec | None = None
@@ -85,8 +91,12 @@ class PoolSpec(Spec):
 
 
 class GatewaySpec(Spec):
-    replicas: int = Field(default=1, gt=0, description="gateway replicas, each with its own stale view")
-    poll_interval_s: float = Field(default=0.2, ge=0, description="0 = every decision sees live state")
+    replicas: int = Field(
+        default=1, gt=0, le=MAX_REPLICAS, description="gateway replicas, each with its own stale view"
+    )
+    poll_interval_s: float = Field(
+        default=0.2, ge=0, description=f"0 = every decision sees live state; else at least {MIN_PERIOD_S} s"
+    )
     routing: Literal["least_work", "round_robin", "least_loaded"] = "least_work"
     dispatch: Literal["immediate", "central"] = Field(
         default="immediate",
@@ -98,6 +108,13 @@ class GatewaySpec(Spec):
         description="what a request's decode is charged: its max_tokens, or the mean output its tier has "
         "produced so far (capped at max_tokens)",
     )
+
+    @field_validator("poll_interval_s")
+    @classmethod
+    def _poll(cls, v: float) -> float:
+        if 0 < v < MIN_PERIOD_S:
+            raise ValueError(f"must be 0 (live view) or at least {MIN_PERIOD_S} s")
+        return v
 
 
 class BackoffSpec(Spec):
@@ -116,7 +133,7 @@ class RetryBudgetSpec(Spec):
 
 
 class ClientSpec(Spec):
-    max_retries: int = Field(default=3, ge=0, description="retries after a 429 (0 = never retry)")
+    max_retries: int = Field(default=3, ge=0, le=100, description="retries after a 429 (0 = never retry)")
     honor_retry_after: bool = True
     backoff: BackoffSpec = BackoffSpec()
     retry_budget: RetryBudgetSpec | None = Field(
@@ -136,14 +153,18 @@ class UnconditionalSpec(Spec):
 class QueueDepthSpec(Spec):
     kind: Literal["queue_depth"]
     name: str | None = None
-    max_queued: int = Field(ge=0, description="reject when this many admitted requests wait unscheduled")
+    max_queued: int = Field(
+        ge=0,
+        description="reject when this many admitted requests wait unscheduled; 0 = no waiting room (a loss "
+        "system): admit only when a batch slot is free",
+    )
     retry_after_s: float = Field(default=1.0, gt=0)
 
 
 class GpuSecondsSpec(Spec):
     kind: Literal["gpu_seconds"]
     name: str | None = None
-    budgets_s: dict[str, float] = Field(
+    budgets_s: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_BUDGETS_S),
         description="wait budget per tier, seconds of predicted wait",
     )
@@ -154,7 +175,7 @@ class GpuSecondsSpec(Spec):
     max_pool_gpu_seconds: float | None = Field(
         default=None, gt=0, description="default: available GPUs x the largest budget"
     )
-    tier_max_gpu_seconds: dict[str, float] = Field(
+    tier_max_gpu_seconds: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="caps on one tier's in-flight GPU-seconds (e.g. {batch: 6})"
     )
 
@@ -196,6 +217,54 @@ class ScenarioSpec(Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique (set name:), got {names}")
         return self
+
+
+def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
+    """Rules across sections, as (field path, message): names that must match, limits that must agree.
+
+    Kept out of the model validators so that each problem names its own field, and all are reported at once.
+    """
+    tiers = [t.name for t in spec.workload.tiers]
+    out: list[tuple[str, str]] = []
+    default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
+    for i, p in enumerate(spec.policies):
+        if not isinstance(p, GpuSecondsSpec):
+            continue
+        for key in ("budgets_s", "tier_max_gpu_seconds"):
+            given = getattr(p, key)
+            if key == "budgets_s" and given == default_budgets:
+                continue  # the defaults name the usual tiers; a scenario need not have them all
+            for tier in given:
+                if tier not in tiers:
+                    out.append(
+                        (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
+                    )
+    owner: dict[str, int] = {}
+    for i, pool in enumerate(spec.pools):
+        for tier in pool.tiers or tiers:
+            if tier in owner:
+                first = spec.pools[owner[tier]].name
+                out.append(
+                    (
+                        f"pools.{i}.tiers",
+                        f"tier {tier!r} is already served by pool {first!r} (pools.{owner[tier]}); a tier is "
+                        "served by one pool: list each tier under one pool's tiers (a pool without tiers: "
+                        "serves them all)",
+                    )
+                )
+            else:
+                owner[tier] = i
+    return out
+
+
+def engine_limits_problem(max_num_batched_tokens: int, max_num_seqs: int) -> str | None:
+    """The engine invariant vLLM enforces: every sequence of a full batch gets at least one token a step."""
+    if max_num_batched_tokens >= max_num_seqs:
+        return None
+    return (
+        f"max_num_batched_tokens ({max_num_batched_tokens}) is below max_num_seqs ({max_num_seqs}): a step "
+        "gives each scheduled sequence at least one token, so it must be >= max_num_seqs (as vLLM requires)"
+    )
 
 
 def policy_name(spec: UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec) -> str:

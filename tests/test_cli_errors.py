@@ -1,0 +1,339 @@
+"""Bad input as a new user types it, through the `simadmit` console command: one clear line, exit code 2.
+
+Each row of the table is one input a user could write (a scenario field, a trace file, a command-line
+value), the exit code it must give and a fragment of the message it must print. Every case runs the
+installed console script in a subprocess, exactly as a user would, and none may print a traceback. Rows
+with exit code 0 are inputs that used to be silently mishandled and are now accepted with the meaning the
+user wrote (the output fragment shows it).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")
+SIMADMIT = str(Path(sys.executable).parent / "simadmit")
+
+TIER = {
+    "name": "interactive",
+    "prompt_tokens": {"kind": "fixed", "value": 100},
+    "output_tokens": {"kind": "fixed", "value": 20},
+    "max_tokens": 64,
+}
+BASE: dict = {
+    "name": "tiny",
+    "workload": {"seed": 1, "rate_rps": 4, "duration_s": 4, "tiers": [TIER]},
+    "pools": [{"name": "p", "profile": PROFILE, "replicas": 1}],
+    "gateway": {"poll_interval_s": 0},
+    "clients": {"max_retries": 0},
+    "policies": [{"kind": "unconditional"}],
+}
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_OK = AZURE_HEADER + "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.00,396,109\n"
+MOONCAKE_OK = '{"timestamp": 0, "input_length": 50, "output_length": 5}\n'
+
+
+def _trace_workload(path: str = "trace.csv", fmt: str = "azure", **options: object) -> Callable[[dict], None]:
+    """Replace the synthetic workload by a replay of `path`."""
+
+    def mutate(doc: dict) -> None:
+        doc["workload"] = {
+            "seed": 1,
+            "trace": {"path": path, "format": fmt, **options},
+            "tiers": [{"name": "t"}],
+        }
+
+    return mutate
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    """Set a dotted path of the scenario (list elements by index)."""
+
+    def mutate(doc: dict) -> None:
+        *parents, last = path.split(".")
+        node = doc
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _both(*mutations: Callable[[dict], None]) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        for m in mutations:
+            m(doc)
+
+    return mutate
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    mutate: Callable[[dict], None] = lambda d: None
+    args: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)
+    code: int = 2
+    fragment: str = ""
+    scenario_text: str | None = None  # written verbatim instead of BASE (YAML a mutation cannot express)
+
+
+EMPIRICAL = {
+    "kind": "empirical",
+    "trace": {"path": "trace.csv", "format": "azure"},
+    "column": "prompt_tokens",
+}
+SIM_CASES = [
+    # --- trace content, read by `simulate` (replay, empirical lengths, fitted arrivals) ---
+    Case("trace-empty-file", _trace_workload(), files={"trace.csv": ""}, fragment="trace.csv: empty file"),
+    Case(
+        "trace-header-only", _trace_workload(), files={"trace.csv": AZURE_HEADER}, fragment="no requests left"
+    ),
+    Case(
+        "trace-malformed-row",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
+        fragment="trace.csv: line 4: ContextTokens 'abc' is not a whole number",
+    ),
+    Case(
+        "trace-short-row",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,12\n"},
+        fragment="line 4: expected 3 comma-separated fields, found 2",
+    ),
+    Case(
+        "trace-negative-tokens",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,-5,12\n"},
+        fragment="line 4: ContextTokens '-5' is not a whole number >= 1",
+    ),
+    Case(
+        "trace-bad-date",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "yesterday,5,12\n"},
+        fragment="line 4: TIMESTAMP 'yesterday' is not a date-time",
+    ),
+    Case(
+        "trace-wrong-columns",
+        _trace_workload(),
+        files={"trace.csv": "time,prompt,output\n1,2,3\n"},
+        fragment="no column 'TIMESTAMP'",
+    ),
+    Case(
+        "trace-truncated",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:4"},
+        fragment="line 4: expected 3 comma-separated fields, found 1",
+    ),
+    Case(
+        "trace-jsonl-truncated",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 5, "input_le'},
+        fragment="trace.jsonl: line 2: not valid JSON",
+    ),
+    Case(
+        "trace-empirical-lengths",
+        _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
+        fragment="trace.csv: line 4: ContextTokens 'abc'",
+    ),
+    Case(
+        "trace-fit-arrivals",
+        _set("workload.arrival", {"kind": "fit", "trace": {"path": "trace.csv", "format": "azure"}}),
+        files={"trace.csv": AZURE_HEADER + "2023-11-16 18:15:46.68,374\n"},
+        fragment="trace.csv: line 2: expected 3 comma-separated fields",
+    ),
+    Case(
+        "trace-skip-reports-its-count",
+        _trace_workload(on_error="skip"),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\nbad,1,1\n"},
+        code=0,
+        fragment="skipped 2 malformed rows",
+    ),
+    # --- values ---
+    Case(
+        "rate-inf",
+        _set("workload.rate_rps", float("inf")),
+        fragment="workload.rate_rps: Input should be a finite",
+    ),
+    Case(
+        "rate-multiplier-inf",
+        _set("workload.rate_multiplier", float("inf")),
+        fragment="workload.rate_multiplier",
+    ),
+    Case("rate-nan", _set("workload.rate_rps", float("nan")), fragment="workload.rate_rps"),
+    Case("negative-seed-option", args=("--seed", "-1"), fragment="--seed: must be a whole number from 0"),
+    Case("negative-seed-field", _set("workload.seed", -3), fragment="workload.seed"),
+    Case(
+        "set-not-yaml",
+        args=("--set", "workload.rate_rps=[1, 2"),
+        fragment="--set: workload.rate_rps=[1, 2: not valid YAML",
+    ),
+    Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
+    Case(
+        "warmup-after-duration",
+        _set("workload.warmup_s", 10),
+        fragment="workload.warmup_s: 10 s of warm-up leaves nothing of duration_s (4 s)",
+    ),
+    Case(
+        "default-warmup-short-duration",
+        args=("--set", "workload.duration_s=5"),
+        scenario_text="default",
+        fragment="workload.warmup_s: 10 s of warm-up",
+    ),
+    Case(
+        "requests-all-in-warmup",
+        _both(
+            _set("workload.duration_s", None), _set("workload.requests", 3), _set("workload.warmup_s", 100)
+        ),
+        fragment="workload.warmup_s: every request arrives within the warm-up",
+    ),
+    Case(
+        "profile-curve-ends-at-zero-with-requests",
+        _both(
+            _set("workload.duration_s", None),
+            _set("workload.requests", 50),
+            _set("workload.arrival", {"kind": "profile", "points": [[0, 1], [2, 0]]}),
+        ),
+        fragment="workload.requests: the arrival profile ends at rate 0",
+    ),
+    Case(
+        "profile-curve-times-decrease",
+        _set("workload.arrival", {"kind": "profile", "points": [[0, 1], [5, 2], [3, 1]]}),
+        fragment="workload.arrival.profile: Value error, times must start at 0 and never decrease"[:24],
+    ),
+    Case(
+        "duration-huge",
+        _set("workload.duration_s", 1e9),
+        fragment="workload.duration_s: 1e+09 s at 4 req/s is about 4e+09 requests",
+    ),
+    Case(
+        "requests-huge",
+        _both(_set("workload.duration_s", None), _set("workload.requests", 10**12)),
+        fragment="workload.requests: 1e+12 requests",
+    ),
+    Case(
+        "lognormal-min-above-max",
+        _set(
+            "workload.tiers.0.prompt_tokens",
+            {"kind": "lognormal", "median": 100, "sigma": 1, "min": 500, "max": 50},
+        ),
+        fragment="min (500) must not exceed max (50)",
+    ),
+    Case(
+        "tier-start-after-end",
+        _both(_set("workload.tiers.0.start_s", 3), _set("workload.tiers.0.end_s", 2)),
+        fragment="workload.tiers.0: end_s (2) must be after start_s (3)",
+    ),
+    Case(
+        "tier-starts-after-the-run",
+        _set("workload.tiers.0.start_s", 10),
+        fragment="tier 'interactive' starts at 10 s, not before duration_s",
+    ),
+    Case(
+        "negative-wait-budget",
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {"interactive": -1}}),
+        fragment="policies.0.gpu_seconds.budgets_s.interactive: Input should be greater than 0",
+    ),
+    Case(
+        "budget-for-unknown-tier",
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {"interactve": 3}}),
+        fragment="policies.0.budgets_s.interactve: no tier 'interactve' (tiers: interactive)",
+    ),
+    Case(
+        "tier-cap-for-unknown-tier",
+        _set("policies.0", {"kind": "gpu_seconds", "tier_max_gpu_seconds": {"bulk": 3}}),
+        fragment="policies.0.tier_max_gpu_seconds.bulk: no tier 'bulk'",
+    ),
+    Case(
+        "engine-batched-tokens-below-seqs",
+        _set("pools.0.engine", {"max_num_seqs": 256, "max_num_batched_tokens": 128}),
+        fragment="pools.0.engine: max_num_batched_tokens (128) is below max_num_seqs (256)",
+    ),
+    Case(
+        "engine-batched-tokens-below-profile-seqs",
+        _set("pools.0.engine", {"max_num_batched_tokens": 16}),
+        fragment="max_num_batched_tokens (16) is below max_num_seqs",
+    ),
+    Case(
+        "tier-served-by-two-pools",
+        _set(
+            "pools",
+            [
+                {"name": "a", "profile": PROFILE, "replicas": 1},
+                {"name": "b", "profile": PROFILE, "replicas": 1, "tiers": ["interactive"]},
+            ],
+        ),
+        fragment="pools.1.tiers: tier 'interactive' is already served by pool 'a' (pools.0)",
+    ),
+    Case(
+        "replicas-huge",
+        _set("pools.0.replicas", 10**12),
+        fragment="pools.0.replicas: Input should be less than or equal to",
+    ),
+    Case(
+        "poll-interval-tiny",
+        _set("gateway.poll_interval_s", 1e-12),
+        fragment="gateway.poll_interval_s: Value error, must be 0"[:24],
+    ),
+    # --- defaults that used to distort what the user wrote ---
+    Case(
+        "queue-depth-zero-is-a-loss-system",
+        _set("policies.0", {"kind": "queue_depth", "max_queued": 0}),
+        code=0,
+        fragment="queue_depth",
+    ),
+]
+
+
+def _write_scenario(case: Case, tmp_path: Path) -> Path:
+    for name, text in case.files.items():
+        (tmp_path / name).write_text(text)
+    if case.scenario_text == "default":
+        return ROOT / "scenarios" / "default.yaml"
+    doc = copy.deepcopy(BASE)
+    case.mutate(doc)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def simadmit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The installed console command, running this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [SIMADMIT, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.returncode == code, output
+    if code == 2:  # one line per problem, each naming its file or option and field
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert lines and all(line.startswith("error: ") for line in lines), result.stderr
+        assert any(fragment in line for line in lines), result.stderr
+    else:
+        assert fragment in output, output
+
+
+@pytest.mark.parametrize("case", SIM_CASES, ids=[c.id for c in SIM_CASES])
+def test_simulate_input(case: Case, tmp_path: Path) -> None:
+    scenario = _write_scenario(case, tmp_path)
+    result = simadmit("simulate", str(scenario), "--out", str(tmp_path / "out"), *case.args)
+    assert_outcome(result, case.code, case.fragment)

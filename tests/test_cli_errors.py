@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")
 SIMADMIT = str(Path(sys.executable).parent / "simadmit")

@@ -1,0 +1,85 @@
+"""The time budget of a whole calibration, and a watch that says when the server has gone silent.
+
+The plan spreads its cells over the budget, but a request that the server accepts and never answers holds
+its worker until the request time-out. `within_budget` stops the run at the budget (plus a short grace for
+the last requests to drain), whatever the server does: every attempt already measured is in the CSV, and
+`BudgetSpent` says what was still waiting. While it runs, requests silent for a while are reported
+above the progress bar, so a stalled server is seen as stalled rather than as slow progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from simadmit.calibrate.client import IN_FLIGHT
+
+T = TypeVar("T")
+STALL_S = 10.0  # a request silent this long is reported as stalled
+REPORT_EVERY_S = 10.0  # at most one stall line per this many seconds, while the stall lasts
+
+
+def grace_s(budget_s: float) -> float:
+    """Time after the budget for requests in flight to finish: 10% of it, between 2 s and 60 s."""
+    return min(60.0, max(2.0, 0.1 * budget_s))
+
+
+class BudgetSpent(Exception):
+    """The run reached its time budget before it finished: what was still waiting then."""
+
+    def __init__(self, limit_s: float, open_requests: int, stalled: int, longest_silence_s: float) -> None:
+        self.limit_s = limit_s
+        self.open_requests = open_requests
+        self.stalled = stalled
+        self.longest_silence_s = longest_silence_s
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        if not self.open_requests:
+            return f"the run was still going at {self.limit_s:.0f} s"
+        silent = (
+            f", {self.stalled} of them without a byte from the server for {self.longest_silence_s:.0f} s"
+            if self.stalled
+            else ""
+        )
+        return (
+            f"{self.open_requests} requests were still waiting on the server at {self.limit_s:.0f} s{silent}"
+        )
+
+
+async def within_budget(
+    work: Coroutine[Any, Any, T], limit_s: float, console: Console, stall_s: float = STALL_S
+) -> T:
+    """Run `work`; at `limit_s` cancel it and raise `BudgetSpent`. Reports stalled requests as they occur."""
+    task = asyncio.ensure_future(work)
+    end = time.perf_counter() + limit_s
+    last_report = -REPORT_EVERY_S
+    try:
+        while True:
+            left = end - time.perf_counter()
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=min(1.0, left))
+            if done:
+                return task.result()
+            stalled, longest = IN_FLIGHT.stalled(stall_s)
+            now = time.perf_counter()
+            if stalled and now - last_report >= REPORT_EVERY_S:
+                last_report = now
+                console.print(
+                    f"[yellow]stalled: {stalled} of {len(IN_FLIGHT)} requests without a byte from the server "
+                    f"for {longest:.0f} s (the run stops at its budget in {max(0.0, end - now):.0f} s)[/]"
+                )
+        stalled, longest = IN_FLIGHT.stalled(stall_s)
+        spent = BudgetSpent(limit_s, len(IN_FLIGHT), stalled, longest)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its outcome is moot
+                await task
+    raise spent

@@ -31,6 +31,7 @@ class FakeVllm:
         self.ok_first = ok_first
         self.token_s = token_s
         self.completions = 0
+        self.first_request_at: float | None = None  # time.monotonic() of the first request served
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -75,6 +76,8 @@ class FakeVllm:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
+                if fake.first_request_at is None:
+                    fake.first_request_at = time.monotonic()
                 if self.path == "/v1/models":
                     self._json({"data": [{"id": MODEL, "max_model_len": 2048}]})
                 elif self.path == "/version":

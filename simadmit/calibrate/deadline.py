@@ -79,7 +79,21 @@ async def within_budget(
         spent = BudgetSpent(limit_s, len(IN_FLIGHT), stalled, longest)
     finally:
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its outcome is moot
-                await task
+            await _stop(task)
     raise spent
+
+
+async def _stop(run: asyncio.Future[Any]) -> None:
+    """Cancel a run: first every task it started (while its client and files are still open), then itself.
+
+    Stopping the run alone would close its HTTP client and its measurements file under tasks it started
+    and still awaits, which then fail on a closed file as asyncio tears them down.
+    """
+    current = asyncio.current_task()
+    started = [t for t in asyncio.all_tasks() if t is not current and t is not run]
+    for t in started:
+        t.cancel()
+    await asyncio.gather(*started, return_exceptions=True)
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its outcome is moot
+        await run

@@ -15,7 +15,16 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM
 from simadmit.config.overrides import element_name
-from simadmit.config.workload_schema import DistSpec, FixedSpec, Spec, WorkloadSpec
+from simadmit.config.workload_schema import (
+    MAX_SECONDS,
+    DistSpec,
+    EmpiricalSpec,
+    ExponentialSpec,
+    FixedSpec,
+    LogNormalSpec,
+    Spec,
+    WorkloadSpec,
+)
 
 # --- pools -------------------------------------------------------------------------------------------
 
@@ -33,9 +42,27 @@ class ContinuousEngineSpec(Spec):
     kv_capacity_tokens: int | None = Field(default=None, gt=0, le=2**40, description="overrides the profile")
 
 
+def _seconds(dist: DistSpec) -> DistSpec:
+    """A distribution of seconds (service, cold start) must have its scale within MAX_SECONDS."""
+    if isinstance(dist, FixedSpec):
+        scale = dist.value
+    elif isinstance(dist, ExponentialSpec):
+        scale = dist.mean
+    elif isinstance(dist, LogNormalSpec):
+        scale = dist.median
+    else:
+        assert isinstance(dist, EmpiricalSpec)
+        scale = max(dist.values or [0.0])
+    if scale > MAX_SECONDS:
+        raise ValueError(f"a time distribution of scale {scale:g} s: at most {MAX_SECONDS:g} s")
+    return dist
+
+
 class ClassicalEngineSpec(Spec):
     kind: Literal["classical"]
     service_time: DistSpec = Field(description="service time of one request, seconds (batch of 1)")
+
+    _service_seconds = field_validator("service_time")(_seconds)
 
 
 def _engine_kind(value: object) -> str:
@@ -62,13 +89,15 @@ class AutoscalerSpec(Spec):
     )
     min_replicas: int = Field(default=1, gt=0, le=MAX_REPLICAS)
     max_replicas: int = Field(gt=0, le=MAX_REPLICAS)
-    sync_period_s: float = Field(default=15.0, ge=MIN_PERIOD_S)
+    sync_period_s: float = Field(default=15.0, ge=MIN_PERIOD_S, le=MAX_SECONDS)
     tolerance: float = Field(default=0.1, ge=0)
-    scale_up_stabilization_s: float = Field(default=0.0, ge=0)
-    scale_down_stabilization_s: float = Field(default=300.0, ge=0)
+    scale_up_stabilization_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+    scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
     cold_start_s: DistSpec = Field(
         default=FixedSpec(kind="fixed", value=90.0), description="time before a new replica serves"
     )
+
+    _cold_start_seconds = field_validator("cold_start_s")(_seconds)
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerSpec:
@@ -95,7 +124,10 @@ class GatewaySpec(Spec):
         default=1, gt=0, le=MAX_REPLICAS, description="gateway replicas, each with its own stale view"
     )
     poll_interval_s: float = Field(
-        default=0.2, ge=0, description=f"0 = every decision sees live state; else at least {MIN_PERIOD_S} s"
+        default=0.2,
+        ge=0,
+        le=MAX_SECONDS,
+        description=f"0 = every decision sees live state; else at least {MIN_PERIOD_S} s",
     )
     routing: Literal["least_work", "round_robin", "least_loaded"] = "least_work"
     dispatch: Literal["immediate", "central"] = Field(
@@ -118,8 +150,8 @@ class GatewaySpec(Spec):
 
 
 class BackoffSpec(Spec):
-    base_s: float = Field(default=1.0, gt=0)
-    cap_s: float = Field(default=30.0, gt=0)
+    base_s: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
+    cap_s: float = Field(default=30.0, gt=0, le=MAX_SECONDS)
     jitter: Literal["none", "full", "equal", "decorrelated"] = Field(
         default="full",
         description="none: the exponential span itself; full: U(0, span); equal: span/2 + U(0, span/2); "
@@ -141,7 +173,10 @@ class ClientSpec(Spec):
         description="client-side budget: each first attempt earns `ratio` retries, up to `burst`",
     )
     abandon_after_s: float | None = Field(
-        default=None, gt=0, description="give up (and abort) without a first token this long after arriving"
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="give up (and abort) without a first token this long after arriving",
     )
 
 
@@ -158,7 +193,7 @@ class QueueDepthSpec(Spec):
         description="reject when this many admitted requests wait unscheduled; 0 = no waiting room (a loss "
         "system): admit only when a batch slot is free",
     )
-    retry_after_s: float = Field(default=1.0, gt=0)
+    retry_after_s: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
 
 
 class GpuSecondsSpec(Spec):

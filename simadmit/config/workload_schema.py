@@ -24,6 +24,8 @@ class Spec(BaseModel):
 
 
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
+MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
+MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -31,12 +33,12 @@ MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count
 
 class FixedSpec(Spec):
     kind: Literal["fixed"]
-    value: float = Field(gt=0)
+    value: float = Field(gt=0, le=MAX_VALUE)
 
 
 class LogNormalSpec(Spec):
     kind: Literal["lognormal"]
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_VALUE)
     sigma: float = Field(ge=0, le=10, description="standard deviation of log(x)")
     min: float = Field(default=0, ge=0, description="clip below (default: none; token counts are >= 1)")
     max: float = Field(default=float("inf"), gt=0, allow_inf_nan=True, description="clip above")
@@ -50,12 +52,12 @@ class LogNormalSpec(Spec):
 
 class ExponentialSpec(Spec):
     kind: Literal["exponential"]
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_VALUE)
 
 
 class EmpiricalSpec(Spec):
     kind: Literal["empirical"]
-    values: list[Annotated[float, Field(gt=0)]] | None = Field(
+    values: list[Annotated[float, Field(gt=0, le=MAX_VALUE)]] | None = Field(
         default=None, min_length=1, description="observed values (each > 0), resampled"
     )
     trace: TraceFileSpec | None = Field(default=None, description="or: the lengths of a trace")
@@ -86,8 +88,8 @@ class GammaSpec(Spec):
 class MMPPSpec(Spec):
     kind: Literal["mmpp"]
     burst_factor: float = Field(gt=1, description="burst rate / calm rate")
-    calm_s: float = Field(gt=0, description="mean duration of a calm period")
-    burst_s: float = Field(gt=0, description="mean duration of a burst")
+    calm_s: float = Field(gt=0, le=MAX_SECONDS, description="mean duration of a calm period")
+    burst_s: float = Field(gt=0, le=MAX_SECONDS, description="mean duration of a burst")
 
 
 class ProfileArrivalSpec(Spec):
@@ -115,8 +117,8 @@ class DiurnalSpec(Spec):
     amplitude: float = Field(
         ge=0, le=1, description="factor = 1 + amplitude cos(2 pi (t - peak_s) / period_s)"
     )
-    period_s: float = Field(default=86_400.0, gt=0)
-    peak_s: float = Field(default=0.0, ge=0)
+    period_s: float = Field(default=86_400.0, gt=0, le=MAX_SECONDS)
+    peak_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
     cv: float = Field(default=1.0, gt=0)
 
 
@@ -221,9 +223,13 @@ class TierSpec(Spec):
     max_tokens: int | None = Field(
         default=None, gt=0, le=MAX_TOKENS, description="max_tokens the client sends; caps the output"
     )
-    deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, description="client deadline after first arrival"
+    )
     slo: SLOSpec = SLOSpec()
-    start_s: float = Field(default=0.0, ge=0, description="the tier sends traffic from this time on")
+    start_s: float = Field(
+        default=0.0, ge=0, le=MAX_SECONDS, description="the tier sends traffic from this time on"
+    )
     end_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
     )
@@ -250,7 +256,7 @@ class WorkloadSpec(Spec):
         description="mean arrival rate of first attempts (a fitted trace's rate if unset)",
     )
     rate_multiplier: float = Field(default=1.0, gt=0, description="scales the rate (2.0 = twice the traffic)")
-    duration_s: float | None = Field(default=None, gt=0)
+    duration_s: float | None = Field(default=None, gt=0, description=f"at most {MAX_SECONDS:g} s")
     requests: int | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
     tiers: list[TierSpec] = Field(min_length=1)

@@ -15,7 +15,13 @@ import numpy as np
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import trace_refs
 from simadmit.config.schema import ScenarioSpec
-from simadmit.config.workload_schema import DiurnalSpec, FitArrivalSpec, ProfileArrivalSpec, WorkloadSpec
+from simadmit.config.workload_schema import (
+    MAX_SECONDS,
+    DiurnalSpec,
+    FitArrivalSpec,
+    ProfileArrivalSpec,
+    WorkloadSpec,
+)
 from simadmit.workload import arrivals, traffic
 from simadmit.workload.build import generate
 
@@ -90,6 +96,17 @@ def check_workload(
     size = _size_problem(spec.workload, len(spec.policies), source)
     if size:
         raise InputError([size])
+    duration = spec.workload.duration_s
+    if duration is not None and duration > MAX_SECONDS:
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "workload.duration_s",
+                    f"{duration:g} s: at most {MAX_SECONDS:g} s (11.6 days) a run",
+                )
+            ]
+        )
     notes = _trace_notes(spec)
     try:
         workload = generate(spec.workload, seed)

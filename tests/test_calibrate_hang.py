@@ -9,6 +9,7 @@ measured, says what was still waiting, and exits 1.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,3 +53,28 @@ def test_a_hung_server_ends_the_run_at_its_budget_keeping_what_was_measured(tmp_
     rows = read_measurements(measurements_path(out))
     assert sum(r.ok for r in rows) == ok_first
     assert not out.exists()  # no profile from an unfinished plan
+
+
+def test_ctrl_c_against_a_hung_server_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C while requests hang: the run's own tasks are cancelled before its client and CSV close, so the
+    user sees one line (no asyncio traceback) and the rows measured stay for --resume."""
+    out = tmp_path / "profile.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    with FakeVllm(then="hang", ok_first=4) as server:
+        process = subprocess.Popen(
+            [SIMADMIT, "calibrate", "--endpoint", server.url, "--out", str(out), "--budget", "10m",
+             "--max-concurrency", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while server.completions < 6 and time.monotonic() < deadline:  # both workers are now hung
+            time.sleep(0.2)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stdout + stderr, stderr
+    assert process.returncode == 130, stdout + stderr
+    assert stderr.strip().splitlines() == [
+        f"interrupted: measurements kept in {measurements_path(out)}; rerun with --resume to continue"
+    ]
+    assert sum(r.ok for r in read_measurements(measurements_path(out))) == 4

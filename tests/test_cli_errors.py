@@ -10,6 +10,8 @@ user wrote (the output fragment shows it).
 from __future__ import annotations
 
 import copy
+import json
+import math
 import os
 import subprocess
 import sys
@@ -82,6 +84,24 @@ def _both(*mutations: Callable[[dict], None]) -> Callable[[dict], None]:
     return mutate
 
 
+def _classical(service: dict, policy: dict) -> Callable[[dict], None]:
+    """One textbook server (batch of 1) with this service time, Poisson arrivals at rho = 0.8 of a
+    0.824 s mean service, a live view and no retries."""
+
+    def mutate(doc: dict) -> None:
+        doc["workload"] = {
+            "seed": 1,
+            "rate_rps": 0.8 / (0.5 * math.exp(0.5)),
+            "requests": 2000,
+            "tiers": [TIER],
+        }
+        doc["pools"][0]["engine"] = {"kind": "classical", "service_time": service}
+        doc["gateway"]["dispatch"] = "central"
+        doc["policies"] = [policy]
+
+    return mutate
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -90,7 +110,8 @@ class Case:
     files: dict[str, str] = field(default_factory=dict)
     code: int = 2
     fragment: str = ""
-    scenario_text: str | None = None  # written verbatim instead of BASE (YAML a mutation cannot express)
+    scenario_text: str | None = None  # "default": run the bundled default scenario instead of BASE
+    summary: Callable[[dict], bool] | None = None  # holds for the summary.json of a run that succeeds
 
 
 EMPIRICAL = {
@@ -291,12 +312,26 @@ SIM_CASES = [
         _set("gateway.poll_interval_s", 1e-12),
         fragment="gateway.poll_interval_s: Value error, must be 0"[:24],
     ),
-    # --- defaults that used to distort what the user wrote ---
+    # --- defaults that used to distort what the user wrote (checked on summary.json; theory in
+    # tests/test_queue_semantics.py): an M/G/1 at rho = 0.8 and an M/M/1/1 loss system at a = 0.8 ---
+    Case(
+        "lognormal-service-time-is-not-clipped",
+        _classical({"kind": "lognormal", "median": 0.5, "sigma": 1.0}, {"kind": "unconditional"}),
+        code=0,
+        fragment="simulated requests",
+        summary=lambda s: 0.74 < s["unconditional"]["all"]["utilization"] < 0.86,  # not 1.0, as with min 1
+    ),
     Case(
         "queue-depth-zero-is-a-loss-system",
-        _set("policies.0", {"kind": "queue_depth", "max_queued": 0}),
+        _classical(
+            {"kind": "exponential", "mean": 0.5 * math.exp(0.5)}, {"kind": "queue_depth", "max_queued": 0}
+        ),
         code=0,
-        fragment="queue_depth",
+        fragment="simulated requests",
+        summary=lambda s: (
+            abs(s["queue_depth"]["all"]["rejection_rate"] - 0.8 / 1.8) < 0.05
+            and s["queue_depth"]["all"]["queue_wait_mean_s"] == 0
+        ),  # Erlang B, nobody waits
     ),
 ]
 
@@ -337,6 +372,9 @@ def test_simulate_input(case: Case, tmp_path: Path) -> None:
     scenario = _write_scenario(case, tmp_path)
     result = simadmit("simulate", str(scenario), "--out", str(tmp_path / "out"), *case.args)
     assert_outcome(result, case.code, case.fragment)
+    if case.summary is not None:
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert case.summary(summary), summary
 
 
 @dataclass(frozen=True)

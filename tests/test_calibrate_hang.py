@@ -2,8 +2,9 @@
 
 The fake server (tests/fake_vllm.py) answers its first completions, then sends the headers of every later
 one and nothing more, as a wedged engine does. Without a bound each hung request would hold its worker for
-the whole request time-out; with `--budget` the run stops at the budget plus its grace, keeps every row it
-measured, says what was still waiting, and exits 1.
+the whole request time-out; with `--budget` the run stops at the budget plus its grace (the server has
+been silent far longer than 10 s by then), keeps every row it measured, says what was still waiting, and
+exits 1.
 """
 
 from __future__ import annotations

@@ -414,7 +414,7 @@ CALIBRATE_CASES = [
         ),
         server="hang",
         code=1,
-        fragment="stopped at the time budget (3s and 2 s of grace): 2 requests were still waiting",
+        fragment="stopped at the time budget (3s): 2 requests were still waiting on the server",
     ),
     CalibrateCase(
         "check-every-request-failed",

@@ -21,7 +21,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.calibrate.deadline import BudgetSpent, grace_s, within_budget
+from simadmit.calibrate.deadline import BudgetSpent, within_budget
 from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import EndpointLost, RunnerSettings
@@ -91,8 +91,8 @@ def calibrate_command(
     budget: Annotated[
         str,
         typer.Option(
-            help="time budget of the whole run, e.g. 10m: the plan fits inside it, and the run stops at it "
-            "(plus a short grace for the last requests) whatever the server does"
+            help="time budget of the whole run, e.g. 10m: the plan fits inside it; a server gone silent ends "
+            "the run at the budget (plus a short grace), a slow one at twice the budget plus a minute at most"
         ),
     ] = "8m",
     request_timeout: Annotated[
@@ -134,7 +134,6 @@ def calibrate_command(
             raise InputError(problems)
         assert out is not None
         budget_s = parse_duration(budget)
-        limit_s = budget_s + grace_s(budget_s)
         cfg = CalibrationConfig(
             endpoint=endpoint or "",
             out=out,
@@ -150,7 +149,7 @@ def calibrate_command(
         )
         console = Console(stderr=False)
         if launch is None:
-            result = asyncio.run(within_budget(calibrate(cfg, console), limit_s, console))
+            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, console))
         else:
             # The server's log stays after the run: it is where to look when start-up fails.
             log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
@@ -158,7 +157,7 @@ def calibrate_command(
             with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
                 run = calibrate(replace(cfg, endpoint=url), console)
-                result = asyncio.run(within_budget(run, limit_s, console))
+                result = asyncio.run(within_budget(run, budget_s, console))
         print_calibration(result, console)
     except InputError as e:
         fail(e.problems)
@@ -169,9 +168,8 @@ def calibrate_command(
         fail([f"stopped after {e}; measurements kept in {kept}; rerun with --resume"], code=1)
     except BudgetSpent as e:
         assert out is not None
-        fail([f"stopped at the time budget ({budget} and {grace_s(budget_s):.0f} s of grace): {e}; {_kept(out)}; "
-              "rerun with --resume to continue (a larger --budget, or a shorter --request-timeout for a server "
-              "that hangs)"], code=1)  # fmt: skip
+        fail([f"stopped at the time budget ({budget}): {e}; {_kept(out)}; rerun with --resume to continue (a "
+              "larger --budget, or a shorter --request-timeout for a server that hangs)"], code=1)  # fmt: skip
     except KeyboardInterrupt:
         kept = measurements_path(out) if out else None
         fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)

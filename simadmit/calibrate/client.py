@@ -46,12 +46,14 @@ class InFlight:
 
     A server that accepts a request and then sends nothing leaves the client waiting until its time-out;
     `stalled(after_s)` tells how many requests have had no byte for that long, so a progress display can
-    say so instead of looking busy.
+    say so instead of looking busy, and `last_heard` (when any answer last arrived) tells a hung server
+    from a slow one.
     """
 
     def __init__(self) -> None:
         self._last_heard: dict[int, float] = {}
         self._next = 0
+        self.last_heard = -math.inf  # time.perf_counter() of the latest headers or bytes, any request
 
     def open(self) -> int:
         self._next += 1
@@ -59,7 +61,7 @@ class InFlight:
         return self._next
 
     def heard(self, key: int) -> None:
-        self._last_heard[key] = time.perf_counter()
+        self._last_heard[key] = self.last_heard = time.perf_counter()
 
     def close(self, key: int) -> None:
         self._last_heard.pop(key, None)
@@ -222,6 +224,7 @@ async def stream_completion(
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", f"{endpoint.base_url}/v1/completions", json=body) as response:
+                IN_FLIGHT.heard(key)
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:300]
                     if response.status_code >= 500:

@@ -9,6 +9,7 @@ its `kind`), used wherever policies are told apart.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -43,18 +44,22 @@ class ContinuousEngineSpec(Spec):
 
 
 def _seconds(dist: DistSpec) -> DistSpec:
-    """A distribution of seconds (service, cold start) must have its scale within MAX_SECONDS."""
+    """A distribution of seconds (service, cold start) must stay within MAX_SECONDS in practice: its
+    one-in-a-million draw (or its `max`) at most that, since each draw becomes a time on the timeline."""
     if isinstance(dist, FixedSpec):
-        scale = dist.value
+        reach = dist.value
     elif isinstance(dist, ExponentialSpec):
-        scale = dist.mean
+        reach = dist.mean * math.log(1e6)
     elif isinstance(dist, LogNormalSpec):
-        scale = dist.median
+        reach = min(dist.max, dist.median * math.exp(4.75 * dist.sigma))
     else:
         assert isinstance(dist, EmpiricalSpec)
-        scale = max(dist.values or [0.0])
-    if scale > MAX_SECONDS:
-        raise ValueError(f"a time distribution of scale {scale:g} s: at most {MAX_SECONDS:g} s")
+        reach = max(dist.values or [0.0])
+    if reach > MAX_SECONDS:
+        raise ValueError(
+            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale, "
+            "or a max)"
+        )
     return dist
 
 

@@ -390,6 +390,21 @@ class CalibrateCase:
 
 CALIBRATE_CASES = [
     CalibrateCase(
+        "engine-limits-checked-before-measuring",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{tmp}/p.yaml",
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "32",
+        ),
+        fragment="--max-num-batched-tokens: max_num_batched_tokens (32) is below max_num_seqs (64)",
+    ),
+    CalibrateCase(
         "budget-zero",
         ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/p.yaml", "--budget", "0s"),
         fragment="--budget: '0s': must be longer than zero",

@@ -30,6 +30,7 @@ from simadmit.calibrate.run import CalibrationConfig, calibrate
 from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile
+from simadmit.config.schema import engine_limits_problem
 
 
 class _PassThroughGroup(TyperGroup):
@@ -130,10 +131,13 @@ def calibrate_command(
             problems.append(problem(None, "--endpoint", "give either --endpoint URL or --launch MODEL"))
         if vllm_args and launch is None:
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
+        if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
+            problems.append(problem(None, "--max-num-batched-tokens", limits))
         if problems:
             raise InputError(problems)
         assert out is not None
         budget_s = parse_duration(budget)
+        launch_timeout_s = parse_duration(launch_timeout, "--launch-timeout")
         cfg = CalibrationConfig(
             endpoint=endpoint or "",
             out=out,
@@ -154,7 +158,7 @@ def calibrate_command(
             # The server's log stays after the run: it is where to look when start-up fails.
             log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
             python = vllm_python or sys.executable
-            with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
+            with launched_server(launch, vllm_args, python, log, launch_timeout_s) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
                 run = calibrate(replace(cfg, endpoint=url), console)
                 result = asyncio.run(within_budget(run, budget_s, console))

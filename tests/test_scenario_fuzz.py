@@ -1,7 +1,8 @@
 """Property: whatever a user does to a valid scenario, `simadmit simulate` runs or says what is wrong.
 
-Hypothesis mutates a small valid scenario the way people break files: it drops or renames keys, and puts
-wrong types, NaN, infinities, negatives, zeros, huge numbers and empty strings where values were. Every run
+Hypothesis mutates a small valid scenario (synthetic traffic, or a trace replay) the way people break
+files: it drops or renames keys, and puts wrong types, NaN, infinities, negatives, zeros, huge numbers and
+empty strings where values were. Every run
 must end with exit code 0, or exit code 2 and one `error: ...` line per problem; never a traceback, and
 within a time limit (a value that makes the run explode in size must be refused up front, not attempted).
 The runs go through the CLI's own entry point in-process, which is what the console command calls.
@@ -63,8 +64,14 @@ VALID: dict = {
             "profile": PROFILE,
             "replicas": 2,
             "engine": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
-            "autoscaler": {"metric": "queue_wait", "target": 1.5, "min_replicas": 1, "max_replicas": 3,
-                           "sync_period_s": 2, "cold_start_s": {"kind": "fixed", "value": 1}},
+            "autoscaler": {
+                "metric": "queue_wait",
+                "target": 1.5,
+                "min_replicas": 1,
+                "max_replicas": 3,
+                "sync_period_s": 2,
+                "cold_start_s": {"kind": "fixed", "value": 1},
+            },
         }
     ],  # fmt: skip
     "gateway": {"replicas": 2, "poll_interval_s": 0.2, "routing": "least_work", "dispatch": "immediate"},
@@ -77,13 +84,57 @@ VALID: dict = {
     "policies": [
         {"kind": "unconditional"},
         {"kind": "queue_depth", "max_queued": 8},
-        {"kind": "gpu_seconds", "budgets_s": {"interactive": 2, "batch": 30}, "headroom": 0.9,
-         "max_pool_gpu_seconds": 6, "tier_max_gpu_seconds": {"batch": 3}},
+        {
+            "kind": "gpu_seconds",
+            "budgets_s": {"interactive": 2, "batch": 30},
+            "headroom": 0.9,
+            "max_pool_gpu_seconds": 6,
+            "tier_max_gpu_seconds": {"batch": 3},
+        },
     ],  # fmt: skip
 }
 
+TRACE_VALID: dict = {
+    "name": "fuzz-trace",
+    "workload": {
+        "seed": 1,
+        "rate_multiplier": 2.0,
+        "duration_s": 20,
+        "warmup_s": 2,
+        "trace": {
+            "path": "azure_llm_2023/AzureLLMInferenceTrace_conv_first2000.csv",
+            "format": "azure",
+            "start_s": 0,
+            "end_s": 60,
+            "sample": 0.5,
+            "on_error": "skip",
+            "tiers": {"by": "length", "rules": [{"tier": "long", "above": 2000}], "default": "chat"},
+            "max_tokens": {"kind": "scaled", "factor": 1.5, "cap": 2048},
+        },
+        "tiers": [{"name": "chat", "slo": {"ttft_s": 2}}, {"name": "long", "deadline_s": 60}],
+    },
+    "pools": [{"name": "llama", "profile": "llama-3.1-8b-h100", "replicas": 1}],
+    "policies": [{"kind": "gpu_seconds", "budgets_s": {"chat": 2, "long": 30}}],
+}
+
 BAD_VALUES = st.sampled_from(
-    [None, "", "abc", float("nan"), float("inf"), float("-inf"), -1, -0.5, 0, 1e18, 10**30, 2**63, [], {}, True]
+    [
+        None,
+        "",
+        "abc",
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        -1,
+        -0.5,
+        0,
+        1e18,
+        10**30,
+        2**63,
+        [],
+        {},
+        True,
+    ]
 )
 
 
@@ -95,7 +146,8 @@ def _paths(node: object, prefix: tuple = ()) -> Iterator[tuple]:
         yield from _paths(child, (*prefix, key))
 
 
-ALL_PATHS = sorted(_paths(VALID), key=str)
+BASES = {"synthetic": VALID, "trace replay": TRACE_VALID}
+PATHS = {name: sorted(_paths(doc), key=str) for name, doc in BASES.items()}
 
 
 def _parent(doc: dict, path: tuple) -> object:
@@ -117,7 +169,14 @@ def _mutate(doc: dict, path: tuple, op: str, value: object) -> None:
         parent.pop(key)  # type: ignore[attr-defined]
 
 
-MUTATION = st.tuples(st.sampled_from(ALL_PATHS), st.sampled_from(["replace", "replace", "drop", "rename"]), BAD_VALUES)
+def _mutations(base: str) -> st.SearchStrategy:
+    """One to three (path, operation, bad value) mutations of the base scenario called `base`."""
+    ops = st.sampled_from(["replace", "replace", "drop", "rename"])
+    one = st.tuples(st.sampled_from(PATHS[base]), ops, BAD_VALUES)
+    return st.tuples(st.just(base), st.lists(one, min_size=1, max_size=3))
+
+
+CASES = st.sampled_from(sorted(BASES)).flatmap(_mutations)
 
 
 @contextmanager
@@ -135,9 +194,10 @@ def time_limit(seconds: int) -> Iterator[None]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(MUTATION, min_size=1, max_size=3))
-def test_a_mutated_scenario_runs_or_gives_one_line_per_problem(mutations: list) -> None:
-    doc = copy.deepcopy(VALID)
+@given(CASES)
+def test_a_mutated_scenario_runs_or_gives_one_line_per_problem(case: tuple[str, list]) -> None:
+    base, mutations = case
+    doc = copy.deepcopy(BASES[base])
     for path, op, value in mutations:
         try:
             _mutate(doc, path, op, value)
@@ -148,9 +208,9 @@ def test_a_mutated_scenario_runs_or_gives_one_line_per_problem(mutations: list) 
         scenario.write_text(yaml.safe_dump(doc, sort_keys=False))
         with time_limit(TIME_LIMIT_S):
             result = CliRunner().invoke(app, ["simulate", str(scenario), "--out", str(Path(tmp) / "out")])
-    shown = f"{mutations}\n{result.output}"
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        shown + "".join(__import__("traceback").format_exception(result.exception))
+    shown = f"{base}: {mutations}\n{result.output}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), shown + "".join(
+        __import__("traceback").format_exception(result.exception)
     )
     assert result.exit_code in (0, 2), shown
     assert "Traceback" not in result.output, shown

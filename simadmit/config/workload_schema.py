@@ -26,6 +26,7 @@ class Spec(BaseModel):
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
 MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
+MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -82,7 +83,9 @@ class PoissonSpec(Spec):
 
 class GammaSpec(Spec):
     kind: Literal["gamma"]
-    cv: float = Field(gt=0, description="coefficient of variation of inter-arrival times (1 = Poisson)")
+    cv: float = Field(
+        gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
+    )
 
 
 class MMPPSpec(Spec):
@@ -98,7 +101,7 @@ class ProfileArrivalSpec(Spec):
         min_length=1,
         description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains",
     )
-    cv: float = Field(default=1.0, gt=0, description="burstiness around the curve (1 = Poisson)")
+    cv: float = Field(default=1.0, gt=0, le=MAX_CV, description="burstiness around the curve (1 = Poisson)")
 
     @model_validator(mode="after")
     def _curve(self) -> ProfileArrivalSpec:
@@ -119,7 +122,7 @@ class DiurnalSpec(Spec):
     )
     period_s: float = Field(default=86_400.0, gt=0, le=MAX_SECONDS)
     peak_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
-    cv: float = Field(default=1.0, gt=0)
+    cv: float = Field(default=1.0, gt=0, le=MAX_CV)
 
 
 class TraceColumnsSpec(Spec):
@@ -175,8 +178,8 @@ ArrivalSpec = Annotated[
 class LengthRuleSpec(Spec):
     tier: str
     column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
-    above: int = 0
-    at_most: int | None = None
+    above: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    at_most: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
 
 class TraceTiersSpec(Spec):
@@ -189,9 +192,13 @@ class TraceTiersSpec(Spec):
 
 class MaxTokensSpec(Spec):
     kind: Literal["fixed", "scaled"]
-    value: int | None = Field(default=None, gt=0, description="fixed: the max_tokens every client sends")
-    factor: float | None = Field(default=None, ge=1, description="scaled: actual output x factor, rounded up")
-    cap: int | None = Field(default=None, gt=0)
+    value: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, description="fixed: the max_tokens every client sends"
+    )
+    factor: float | None = Field(
+        default=None, ge=1, le=1000, description="scaled: actual output x factor, rounded up"
+    )
+    cap: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
 class TraceReplaySpec(TraceFileSpec):

@@ -77,8 +77,8 @@ class Unconditional(AdmissionPolicy):
 class QueueDepth(AdmissionPolicy):
     """Reject when `max_queued` admitted requests wait unscheduled: counts requests, not their cost.
 
-    `max_queued = 0` is a loss system (M/M/c/c): no waiting room, so a request is admitted only when a batch
-    slot is free for it after the requests already admitted and not yet scheduled take theirs.
+    `max_queued = 0` is a loss system (M/M/c/c): no waiting room, so a request is admitted only while the
+    admitted requests not yet scheduled are fewer than the free batch slots (one is left for it).
     """
 
     max_queued: int

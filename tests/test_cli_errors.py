@@ -262,11 +262,6 @@ SIM_CASES = [
         fragment="workload.tiers.0: end_s (2) must be after start_s (3)",
     ),
     Case(
-        "tier-starts-after-the-run",
-        _set("workload.tiers.0.start_s", 10),
-        fragment="tier 'interactive' starts at 10 s, not before duration_s",
-    ),
-    Case(
         "negative-wait-budget",
         _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {"interactive": -1}}),
         fragment="policies.0.gpu_seconds.budgets_s.interactive: Input should be greater than 0",

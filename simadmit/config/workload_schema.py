@@ -298,18 +298,6 @@ class WorkloadSpec(Spec):
             )
         return v
 
-    @field_validator("tiers")
-    @classmethod
-    def _start_in_time(cls, v: list[TierSpec], info: ValidationInfo) -> list[TierSpec]:
-        duration = info.data.get("duration_s")
-        for t in v:
-            if duration is not None and info.data.get("trace") is None and t.start_s >= duration:
-                raise ValueError(
-                    f"tier {t.name!r} starts at {t.start_s:g} s, not before duration_s ({duration:g} s): "
-                    "it would send nothing"
-                )
-        return v
-
     @model_validator(mode="after")
     def _one_length(self) -> WorkloadSpec:
         if self.trace is None:

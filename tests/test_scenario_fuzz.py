@@ -201,7 +201,7 @@ def test_a_mutated_scenario_runs_or_gives_one_line_per_problem(case: tuple[str, 
     for path, op, value in mutations:
         try:
             _mutate(doc, path, op, value)
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             pass  # an earlier mutation removed or replaced this path
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "scenario.yaml"

@@ -75,13 +75,20 @@ class Unconditional(AdmissionPolicy):
 
 @dataclass(frozen=True, slots=True)
 class QueueDepth(AdmissionPolicy):
-    """Reject when `max_queued` admitted requests wait unscheduled: counts requests, not their cost."""
+    """Reject when `max_queued` admitted requests wait unscheduled: counts requests, not their cost.
+
+    `max_queued = 0` is a loss system (M/M/c/c): no waiting room, so a request is admitted only while the
+    admitted requests not yet scheduled are fewer than the free batch slots (one is left for it).
+    """
 
     max_queued: int
     retry_after_s: float = 1.0
 
     def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
-        if view.queued >= self.max_queued:
+        full = (
+            view.queued >= view.free_batch_slots if self.max_queued == 0 else view.queued >= self.max_queued
+        )
+        if full:
             return Decision(False, "queue_full", retry_after(self.retry_after_s))
         return ADMIT
 

@@ -12,6 +12,7 @@ import asyncio
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -111,14 +112,21 @@ def compare(measured: list[Attempt], simulated: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_check(
+def check_load(
     profile: Profile, endpoint_url: str, model: str | None, cfg: CheckConfig
-) -> tuple[pd.DataFrame, int]:
-    """Replay the load on the endpoint and on the profile; return the comparison and the failed requests."""
+) -> tuple[pd.DataFrame, Counter[str]]:
+    """Replay the load on the endpoint and on the profile; the comparison, and failed requests by status."""
     load = mixed_load(profile, cfg)
     measured = asyncio.run(
         replay_on_endpoint(endpoint_url, model or profile.model, load, cfg.request_timeout_s)
     )
     simulated = replay_on_profile(profile, load.arrival_s, load.prompt_tokens, load.output_tokens)
-    failed = sum(a.status != "ok" for a in measured)
-    return compare(measured, simulated), failed
+    return compare(measured, simulated), Counter(a.status for a in measured if a.status != "ok")
+
+
+def run_check(
+    profile: Profile, endpoint_url: str, model: str | None, cfg: CheckConfig
+) -> tuple[pd.DataFrame, int]:
+    """`check_load` with the failed requests counted."""
+    table, failures = check_load(profile, endpoint_url, model, cfg)
+    return table, sum(failures.values())

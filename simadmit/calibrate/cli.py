@@ -7,6 +7,7 @@ exit with code 2; Ctrl-C exits with 130 and keeps the measurements for `--resume
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import sys
 import tempfile
@@ -20,13 +21,16 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from simadmit.calibrate.client import normalize_base_url
+from simadmit.calibrate.deadline import BudgetSpent, within_budget
 from simadmit.calibrate.launch import LaunchError, launched_server
-from simadmit.calibrate.measurements import measurements_path
-from simadmit.calibrate.phases import EndpointLost
+from simadmit.calibrate.measurements import measurements_path, read_measurements
+from simadmit.calibrate.phases import EndpointLost, RunnerSettings
 from simadmit.calibrate.report import print_calibration
 from simadmit.calibrate.run import CalibrationConfig, calibrate
 from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import load_profile
+from simadmit.config.resources import resolve_profile
+from simadmit.config.schema import engine_limits_problem
 
 
 class _PassThroughGroup(TyperGroup):
@@ -48,15 +52,19 @@ calibrate_app = typer.Typer(
 _err = Console(stderr=True)
 
 
-def parse_duration(text: str) -> float:
-    """'90s', '10m', '1h', '1h30m' or plain seconds -> seconds."""
+def parse_duration(text: str, option: str = "--budget") -> float:
+    """'90s', '10m', '1h', '1h30m' or plain seconds -> seconds (more than zero)."""
     t = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise InputError([problem(None, "--budget", f"{text!r} is not a duration like 90s, 10m or 1h")])
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+        seconds = float(t)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+        if not parts or "".join(n + u for n, u in parts) != t:
+            raise InputError([problem(None, option, f"{text!r} is not a duration like 90s, 10m or 1h")])
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if not seconds > 0:
+        raise InputError([problem(None, option, f"{text!r}: must be longer than zero")])
+    return seconds
 
 
 def fail(problems: list[str], code: int = 2) -> None:
@@ -83,8 +91,14 @@ def calibrate_command(
     ] = "unknown",
     budget: Annotated[
         str,
-        typer.Option(help="time budget of the measurements, e.g. 10m (the default leaves room for drains)"),
+        typer.Option(
+            help="time budget of the whole run, e.g. 10m: the plan fits inside it; a server gone silent ends "
+            "the run at the budget (plus a short grace), a slow one at twice the budget plus a minute at most"
+        ),
     ] = "8m",
+    request_timeout: Annotated[
+        str, typer.Option(help="longest wait for one request's whole answer before it counts as failed")
+    ] = "5m",
     max_concurrency: Annotated[int, typer.Option(min=1, help="largest concurrency of the decode sweep")] = 64,
     max_num_seqs: Annotated[
         int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")
@@ -117,31 +131,37 @@ def calibrate_command(
             problems.append(problem(None, "--endpoint", "give either --endpoint URL or --launch MODEL"))
         if vllm_args and launch is None:
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
+        if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
+            problems.append(problem(None, "--max-num-batched-tokens", limits))
         if problems:
             raise InputError(problems)
         assert out is not None
+        budget_s = parse_duration(budget)
+        launch_timeout_s = parse_duration(launch_timeout, "--launch-timeout")
         cfg = CalibrationConfig(
             endpoint=endpoint or "",
             out=out,
             model=model,
-            budget_s=parse_duration(budget),
+            budget_s=budget_s,
             max_concurrency=max_concurrency,
             gpus=gpus,
             gpu_name=gpu_name,
             resume=resume,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            runner=RunnerSettings(request_timeout_s=parse_duration(request_timeout, "--request-timeout")),
         )
         console = Console(stderr=False)
         if launch is None:
-            result = asyncio.run(calibrate(cfg, console))
+            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, console))
         else:
             # The server's log stays after the run: it is where to look when start-up fails.
             log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
             python = vllm_python or sys.executable
-            with launched_server(launch, vllm_args, python, log, parse_duration(launch_timeout)) as url:
+            with launched_server(launch, vllm_args, python, log, launch_timeout_s) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
-                result = asyncio.run(calibrate(replace(cfg, endpoint=url), console))
+                run = calibrate(replace(cfg, endpoint=url), console)
+                result = asyncio.run(within_budget(run, budget_s, console))
         print_calibration(result, console)
     except InputError as e:
         fail(e.problems)
@@ -150,6 +170,10 @@ def calibrate_command(
     except EndpointLost as e:
         kept = measurements_path(out) if out else None
         fail([f"stopped after {e}; measurements kept in {kept}; rerun with --resume"], code=1)
+    except BudgetSpent as e:
+        assert out is not None
+        fail([f"stopped at the time budget ({budget}): {e}; {_kept(out)}; rerun with --resume to continue (a "
+              "larger --budget, or a shorter --request-timeout for a server that hangs)"], code=1)  # fmt: skip
     except KeyboardInterrupt:
         kept = measurements_path(out) if out else None
         fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)
@@ -157,7 +181,9 @@ def calibrate_command(
 
 @calibrate_app.command("check")
 def check_command(
-    profile: Annotated[Path, typer.Argument(help="calibration profile YAML to check")],
+    profile: Annotated[
+        str, typer.Argument(help="calibration profile YAML to check, or a bundled profile's name")
+    ],
     endpoint: Annotated[str, typer.Option(help="base URL of the vLLM endpoint the profile describes")],
     model: Annotated[
         str | None, typer.Option(help="served model name (default: the profile's model)")
@@ -166,23 +192,35 @@ def check_command(
     rate: Annotated[
         float | None, typer.Option(help="arrivals per second (default: about two in flight)")
     ] = None,
-    seed: Annotated[int, typer.Option(help="seed of the replayed load")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of the replayed load")] = 0,
+    request_timeout: Annotated[
+        str, typer.Option(help="longest wait for one request's whole answer before it counts as failed")
+    ] = "5m",
 ) -> None:
     """Replay a short mixed load on the endpoint and on the simulator with PROFILE; compare TTFT and ITL."""
     console = Console()
     try:
-        loaded = load_profile(profile)
+        if rate is not None and not (0 < rate < math.inf):
+            raise InputError(
+                [problem(None, "--rate", f"must be a positive number of arrivals per second, got {rate}")]
+            )
+        timeout_s = parse_duration(request_timeout, "--request-timeout")
+        path = resolve_profile(profile, Path.cwd())
+        loaded = load_profile(path or profile)
         normalize_base_url(endpoint)
         # Imported here: the check pulls in the simulator, which calibration itself does not need.
-        from simadmit.calibrate.check import CheckConfig, run_check
+        from simadmit.calibrate.check import CheckConfig, check_load
 
-        table, failed = run_check(
-            loaded, endpoint, model, CheckConfig(requests=requests, rate_per_s=rate, seed=seed)
-        )
+        cfg = CheckConfig(requests=requests, rate_per_s=rate, seed=seed, request_timeout_s=timeout_s)
+        table, failures = check_load(loaded, endpoint, model, cfg)
     except InputError as e:
         fail(e.problems)
     except KeyboardInterrupt:
         fail(["interrupted"], code=130)
+    failed = sum(failures.values())
+    reasons = ", ".join(f"{n} {status}" for status, n in failures.most_common())
+    if failed == requests:
+        fail([f"{endpoint}: all {requests} requests failed ({reasons}): nothing to compare"], code=1)
     out = Table(title=f"{profile}: simulated vs measured ({requests} requests, {failed} failed)")
     for col in ("metric", "stat", "predicted", "measured", "error"):
         out.add_column(col, justify="right")
@@ -195,3 +233,17 @@ def check_command(
             f"{row['error']:+.1%}",
         )
     console.print(out)
+    if failed:
+        _err.print(f"warning: {failed} of {requests} requests failed ({reasons}) and are left out of the comparison",
+                   markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def _kept(out: Path) -> str:
+    """What the measurements CSV holds, for a message about a run that stopped early."""
+    path = measurements_path(out)
+    try:
+        rows = read_measurements(path)
+    except InputError:
+        rows = []
+    ok = sum(r.ok for r in rows)
+    return f"{ok} requests measured ({len(rows) - ok} failed attempts) are kept in {path}"

@@ -41,6 +41,44 @@ class Attempt:
     client_busy_s: float  # time this client spent handling the response's bytes
 
 
+class InFlight:
+    """The streamed requests now open and when each last heard from the server: stalls made visible.
+
+    A server that accepts a request and then sends nothing leaves the client waiting until its time-out;
+    `stalled(after_s)` tells how many requests have had no byte for that long, so a progress display can
+    say so instead of looking busy, and `last_heard` (when any answer last arrived) tells a hung server
+    from a slow one.
+    """
+
+    def __init__(self) -> None:
+        self._last_heard: dict[int, float] = {}
+        self._next = 0
+        self.last_heard = -math.inf  # time.perf_counter() of the latest headers or bytes, any request
+
+    def open(self) -> int:
+        self._next += 1
+        self._last_heard[self._next] = time.perf_counter()
+        return self._next
+
+    def heard(self, key: int) -> None:
+        self._last_heard[key] = self.last_heard = time.perf_counter()
+
+    def close(self, key: int) -> None:
+        self._last_heard.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._last_heard)
+
+    def stalled(self, after_s: float) -> tuple[int, float]:
+        """(requests silent for at least `after_s`, the longest silence in seconds)."""
+        now = time.perf_counter()
+        silences = [now - t for t in self._last_heard.values() if now - t >= after_s]
+        return len(silences), max(silences, default=0.0)
+
+
+IN_FLIGHT = InFlight()  # one process runs one calibration at a time: its open requests
+
+
 class RequestRejected(Exception):
     """The server answered 4xx: the request itself is wrong, so retrying cannot help."""
 
@@ -182,9 +220,11 @@ async def stream_completion(
     times: list[float] = []
     usage: dict[str, int] | None = None
     done = False
+    key = IN_FLIGHT.open()
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", f"{endpoint.base_url}/v1/completions", json=body) as response:
+                IN_FLIGHT.heard(key)
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:300]
                     if response.status_code >= 500:
@@ -193,6 +233,7 @@ async def stream_completion(
                 buffer = b""
                 async for data in response.aiter_bytes():
                     now = time.perf_counter()  # every line in this read arrived together
+                    IN_FLIGHT.heard(key)
                     buffer += data
                     while (cut := buffer.find(b"\n")) >= 0:
                         line, buffer = buffer[:cut].strip(), buffer[cut + 1 :]
@@ -216,6 +257,8 @@ async def stream_completion(
         return _failed("connect", start_unix, t0, busy)
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
         return _failed("dropped", start_unix, t0, busy)
+    finally:
+        IN_FLIGHT.close(key)
     end = time.perf_counter()
     if not done or usage is None or not times:
         return _failed("dropped", start_unix, t0, busy)

@@ -18,9 +18,15 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from simadmit.config.errors import InputError, problem
+from simadmit.config.loading import variant_spec
 from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import ScenarioSpec
+from simadmit.sim.world import build_world
 from simadmit.study.runner import ScenarioResult
+from simadmit.workload.check import check_workload
+
+MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
 
 
 def fail(problems: list[str]) -> None:
@@ -29,6 +35,22 @@ def fail(problems: list[str]) -> None:
     for line in problems:
         err.print(f"[red]error:[/red] {line}", markup=True)
     raise typer.Exit(2)
+
+
+def check_seed(seed: int | None, replications: int = 1, option: str = "--seed") -> None:
+    """A seed the random streams accept for every replication: 0 <= seed and seed + replications - 1 < 2^63."""
+    if seed is not None and not 0 <= seed <= MAX_SEED - (replications - 1):
+        raise InputError([problem(None, option, f"must be a whole number from 0 to 2^63 - 1, got {seed}")])
+
+
+def preflight(spec: ScenarioSpec, base: Path, source: Path, seed: int | None = None) -> list[str]:
+    """Everything a run reads, checked before it starts (each variant too); notes about skipped trace rows."""
+    specs = [variant_spec(spec, v) for v in spec.variants] or [spec]
+    notes: list[str] = []
+    for s in specs:
+        build_world(s, base)  # reads the profiles
+        notes += [n for n in check_workload(s, source, seed) if n not in notes]
+    return notes
 
 
 class LazyProgress:

@@ -16,13 +16,12 @@ from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import study
-from simadmit.cli.common import LazyProgress, fail, write_outputs
+from simadmit.cli.common import LazyProgress, check_seed, fail, preflight, write_outputs
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.report import print_summary
-from simadmit.sim.world import build_world
 from simadmit.study.runner import run_study
 
 app = typer.Typer(
@@ -56,11 +55,15 @@ def simulate(
 ) -> None:
     """Replay a scenario's traffic through each admission policy and report latency, rejections and goodput."""
     try:
-        spec, base = load_scenario(resolve_scenario(scenario), parse_assignments(set_))
-        build_world(spec, base)  # profiles are read and checked before anything runs
+        check_seed(seed, replications)
+        path = resolve_scenario(scenario)
+        spec, base = load_scenario(path, parse_assignments(set_))
+        notes = preflight(spec, base, path, seed)  # profiles, traces and sizes: checked before anything runs
     except InputError as e:
         fail(e.problems)
         return
+    for note in notes:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}", markup=False)
     progress = LazyProgress()
     started = time.monotonic()
     try:

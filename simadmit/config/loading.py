@@ -15,8 +15,15 @@ from pydantic import ValidationError
 
 from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
 from simadmit.config.overrides import apply_overrides
+from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
-from simadmit.config.schema import ScenarioSpec, VariantSpec
+from simadmit.config.schema import (
+    ContinuousEngineSpec,
+    ScenarioSpec,
+    VariantSpec,
+    engine_limits_problem,
+    scenario_problems,
+)
 from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, TraceFileSpec
 
 
@@ -34,10 +41,7 @@ def scenario_from_dict(
 ) -> ScenarioSpec:
     """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first."""
     data = apply_overrides(data, overrides or {})
-    try:
-        spec = ScenarioSpec.model_validate(data)
-    except ValidationError as e:
-        raise InputError(pydantic_problems(source, e)) from None
+    spec = _validate(data, source)
     for i, variant in enumerate(spec.variants):
         try:
             variant_spec(spec, variant)
@@ -59,6 +63,13 @@ def scenario_from_dict(
     ]
     if missing:
         raise InputError(missing)
+    limits = [
+        problem(source, f"pools.{i}.engine", message)
+        for i, p in enumerate(spec.pools)
+        if (message := _engine_against_profile(p.engine, resolve_profile(p.profile, base)))
+    ]
+    if limits:
+        raise InputError(limits)
     if not traces:
         return spec
     return ScenarioSpec.model_validate(
@@ -66,6 +77,31 @@ def scenario_from_dict(
             spec.model_dump(),
             {f"{where}.path": str(resolve_trace(t.path, base)) for where, t in traces},
         )
+    )
+
+
+def _validate(data: object, source: str | Path | None) -> ScenarioSpec:
+    """The schema, then the rules across sections; every problem as one `file: field: message` line."""
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as e:
+        raise InputError(pydantic_problems(source, e)) from None
+    problems = [problem(source, field, message) for field, message in scenario_problems(spec)]
+    if problems:
+        raise InputError(problems)
+    return spec
+
+
+def _engine_against_profile(engine: object, profile_path: Path | None) -> str | None:
+    """An engine override that breaks the profile's own limits (max_num_batched_tokens >= max_num_seqs)."""
+    if not isinstance(engine, ContinuousEngineSpec) or profile_path is None:
+        return None
+    if engine.max_num_seqs is None and engine.max_num_batched_tokens is None:
+        return None
+    limits = load_profile(profile_path).engine
+    return engine_limits_problem(
+        engine.max_num_batched_tokens or limits.max_num_batched_tokens,
+        engine.max_num_seqs or limits.max_num_seqs,
     )
 
 
@@ -88,7 +124,4 @@ def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:
 def variant_spec(spec: ScenarioSpec, variant: VariantSpec) -> ScenarioSpec:
     """The scenario as one of its variants sees it (without the variants list)."""
     doc = spec.model_dump(exclude={"variants"})
-    try:
-        return ScenarioSpec.model_validate(apply_overrides(doc, variant.set))
-    except ValidationError as e:
-        raise InputError(pydantic_problems(None, e)) from None
+    return _validate(apply_overrides(doc, variant.set), None)

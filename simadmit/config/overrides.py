@@ -27,7 +27,10 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
         if not sep or not key:
             bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
             continue
-        out[key.strip()] = yaml.safe_load(raw)
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
     if bad:
         raise InputError(bad)
     return out

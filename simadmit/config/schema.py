@@ -9,27 +9,65 @@ its `kind`), used wherever policies are told apart.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM
 from simadmit.config.overrides import element_name
-from simadmit.config.workload_schema import DistSpec, FixedSpec, Spec, WorkloadSpec
+from simadmit.config.workload_schema import (
+    MAX_SECONDS,
+    DistSpec,
+    EmpiricalSpec,
+    ExponentialSpec,
+    FixedSpec,
+    LogNormalSpec,
+    Spec,
+    WorkloadSpec,
+)
 
 # --- pools -------------------------------------------------------------------------------------------
 
 
+MAX_REPLICAS = 10_000  # a bigger fleet (or gateway tier) is a typo, and would not fit in memory
+MIN_PERIOD_S = 0.001  # shortest poll or sync period: shorter ones only multiply events
+
+
 class ContinuousEngineSpec(Spec):
     kind: Literal["continuous"] = "continuous"
-    max_num_seqs: int | None = Field(default=None, gt=0, description="overrides the profile")
-    max_num_batched_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
-    kv_capacity_tokens: int | None = Field(default=None, gt=0, description="overrides the profile")
+    max_num_seqs: int | None = Field(default=None, gt=0, le=2**31, description="overrides the profile")
+    max_num_batched_tokens: int | None = Field(
+        default=None, gt=0, le=2**31, description="overrides the profile"
+    )
+    kv_capacity_tokens: int | None = Field(default=None, gt=0, le=2**40, description="overrides the profile")
+
+
+def _seconds(dist: DistSpec) -> DistSpec:
+    """A distribution of seconds (service, cold start) must stay within MAX_SECONDS in practice: its
+    one-in-a-million draw (or its `max`) at most that, since each draw becomes a time on the timeline."""
+    if isinstance(dist, FixedSpec):
+        reach = dist.value
+    elif isinstance(dist, ExponentialSpec):
+        reach = dist.mean * math.log(1e6)
+    elif isinstance(dist, LogNormalSpec):
+        reach = min(dist.max, dist.median * math.exp(4.75 * dist.sigma))
+    else:
+        assert isinstance(dist, EmpiricalSpec)
+        reach = max(dist.values or [0.0])
+    if reach > MAX_SECONDS:
+        raise ValueError(
+            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale, "
+            "or a max)"
+        )
+    return dist
 
 
 class ClassicalEngineSpec(Spec):
     kind: Literal["classical"]
     service_time: DistSpec = Field(description="service time of one request, seconds (batch of 1)")
+
+    _service_seconds = field_validator("service_time")(_seconds)
 
 
 def _engine_kind(value: object) -> str:
@@ -54,15 +92,17 @@ class AutoscalerSpec(Spec):
     target: float = Field(
         gt=0, description="0.7 for gpu_utilization; seconds of in-flight work per GPU for queue_wait"
     )
-    min_replicas: int = Field(default=1, gt=0)
-    max_replicas: int = Field(gt=0)
-    sync_period_s: float = Field(default=15.0, gt=0)
+    min_replicas: int = Field(default=1, gt=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(gt=0, le=MAX_REPLICAS)
+    sync_period_s: float = Field(default=15.0, ge=MIN_PERIOD_S, le=MAX_SECONDS)
     tolerance: float = Field(default=0.1, ge=0)
-    scale_up_stabilization_s: float = Field(default=0.0, ge=0)
-    scale_down_stabilization_s: float = Field(default=300.0, ge=0)
+    scale_up_stabilization_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+    scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
     cold_start_s: DistSpec = Field(
         default=FixedSpec(kind="fixed", value=90.0), description="time before a new replica serves"
     )
+
+    _cold_start_seconds = field_validator("cold_start_s")(_seconds)
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerSpec:
@@ -74,8 +114,8 @@ class AutoscalerSpec(Spec):
 class PoolSpec(Spec):
     name: str = "pool"
     profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
-    replicas: int = Field(gt=0)
-    gpus_per_replica: int | None = Field(default=None, gt=0, description="defaults to the profile's")
+    replicas: int = Field(gt=0, le=MAX_REPLICAS)
+    gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
     engine: EngineSpec = ContinuousEngineSpec()
     tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
     autoscaler: AutoscalerSpec | None = None
@@ -85,8 +125,15 @@ class PoolSpec(Spec):
 
 
 class GatewaySpec(Spec):
-    replicas: int = Field(default=1, gt=0, description="gateway replicas, each with its own stale view")
-    poll_interval_s: float = Field(default=0.2, ge=0, description="0 = every decision sees live state")
+    replicas: int = Field(
+        default=1, gt=0, le=MAX_REPLICAS, description="gateway replicas, each with its own stale view"
+    )
+    poll_interval_s: float = Field(
+        default=0.2,
+        ge=0,
+        le=MAX_SECONDS,
+        description=f"0 = every decision sees live state; else at least {MIN_PERIOD_S} s",
+    )
     routing: Literal["least_work", "round_robin", "least_loaded"] = "least_work"
     dispatch: Literal["immediate", "central"] = Field(
         default="immediate",
@@ -99,10 +146,17 @@ class GatewaySpec(Spec):
         "produced so far (capped at max_tokens)",
     )
 
+    @field_validator("poll_interval_s")
+    @classmethod
+    def _poll(cls, v: float) -> float:
+        if 0 < v < MIN_PERIOD_S:
+            raise ValueError(f"must be 0 (live view) or at least {MIN_PERIOD_S} s")
+        return v
+
 
 class BackoffSpec(Spec):
-    base_s: float = Field(default=1.0, gt=0)
-    cap_s: float = Field(default=30.0, gt=0)
+    base_s: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
+    cap_s: float = Field(default=30.0, gt=0, le=MAX_SECONDS)
     jitter: Literal["none", "full", "equal", "decorrelated"] = Field(
         default="full",
         description="none: the exponential span itself; full: U(0, span); equal: span/2 + U(0, span/2); "
@@ -116,7 +170,7 @@ class RetryBudgetSpec(Spec):
 
 
 class ClientSpec(Spec):
-    max_retries: int = Field(default=3, ge=0, description="retries after a 429 (0 = never retry)")
+    max_retries: int = Field(default=3, ge=0, le=100, description="retries after a 429 (0 = never retry)")
     honor_retry_after: bool = True
     backoff: BackoffSpec = BackoffSpec()
     retry_budget: RetryBudgetSpec | None = Field(
@@ -124,7 +178,10 @@ class ClientSpec(Spec):
         description="client-side budget: each first attempt earns `ratio` retries, up to `burst`",
     )
     abandon_after_s: float | None = Field(
-        default=None, gt=0, description="give up (and abort) without a first token this long after arriving"
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="give up (and abort) without a first token this long after arriving",
     )
 
 
@@ -136,14 +193,18 @@ class UnconditionalSpec(Spec):
 class QueueDepthSpec(Spec):
     kind: Literal["queue_depth"]
     name: str | None = None
-    max_queued: int = Field(ge=0, description="reject when this many admitted requests wait unscheduled")
-    retry_after_s: float = Field(default=1.0, gt=0)
+    max_queued: int = Field(
+        ge=0,
+        description="reject when this many admitted requests wait unscheduled; 0 = no waiting room (a loss "
+        "system): admit only when a batch slot is free",
+    )
+    retry_after_s: float = Field(default=1.0, gt=0, le=MAX_SECONDS)
 
 
 class GpuSecondsSpec(Spec):
     kind: Literal["gpu_seconds"]
     name: str | None = None
-    budgets_s: dict[str, float] = Field(
+    budgets_s: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_BUDGETS_S),
         description="wait budget per tier, seconds of predicted wait",
     )
@@ -154,7 +215,7 @@ class GpuSecondsSpec(Spec):
     max_pool_gpu_seconds: float | None = Field(
         default=None, gt=0, description="default: available GPUs x the largest budget"
     )
-    tier_max_gpu_seconds: dict[str, float] = Field(
+    tier_max_gpu_seconds: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="caps on one tier's in-flight GPU-seconds (e.g. {batch: 6})"
     )
 
@@ -196,6 +257,54 @@ class ScenarioSpec(Spec):
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique (set name:), got {names}")
         return self
+
+
+def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
+    """Rules across sections, as (field path, message): names that must match, limits that must agree.
+
+    Kept out of the model validators so that each problem names its own field, and all are reported at once.
+    """
+    tiers = [t.name for t in spec.workload.tiers]
+    out: list[tuple[str, str]] = []
+    default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
+    for i, p in enumerate(spec.policies):
+        if not isinstance(p, GpuSecondsSpec):
+            continue
+        for key in ("budgets_s", "tier_max_gpu_seconds"):
+            given = getattr(p, key)
+            if key == "budgets_s" and given == default_budgets:
+                continue  # the defaults name the usual tiers; a scenario need not have them all
+            for tier in given:
+                if tier not in tiers:
+                    out.append(
+                        (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
+                    )
+    owner: dict[str, int] = {}
+    for i, pool in enumerate(spec.pools):
+        for tier in pool.tiers or tiers:
+            if tier in owner:
+                first = spec.pools[owner[tier]].name
+                out.append(
+                    (
+                        f"pools.{i}.tiers",
+                        f"tier {tier!r} is already served by pool {first!r} (pools.{owner[tier]}); a tier is "
+                        "served by one pool: list each tier under one pool's tiers (a pool without tiers: "
+                        "serves them all)",
+                    )
+                )
+            else:
+                owner[tier] = i
+    return out
+
+
+def engine_limits_problem(max_num_batched_tokens: int, max_num_seqs: int) -> str | None:
+    """The engine invariant vLLM enforces: every sequence of a full batch gets at least one token a step."""
+    if max_num_batched_tokens >= max_num_seqs:
+        return None
+    return (
+        f"max_num_batched_tokens ({max_num_batched_tokens}) is below max_num_seqs ({max_num_seqs}): a step "
+        "gives each scheduled sequence at least one token, so it must be >= max_num_seqs (as vLLM requires)"
+    )
 
 
 def policy_name(spec: UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec) -> str:

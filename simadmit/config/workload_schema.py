@@ -14,9 +14,19 @@ from pydantic_core import PydanticCustomError
 
 
 class Spec(BaseModel):
-    """Base of every scenario model: immutable, and unknown fields are an error."""
+    """Base of every scenario model: immutable, unknown fields are an error, and numbers are finite.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    A field where infinity means something ("no end", "no limit") says so with `allow_inf_nan=True`; NaN
+    is still refused there by its bound (NaN is not greater than anything).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
+MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
+MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
+MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -24,25 +34,33 @@ class Spec(BaseModel):
 
 class FixedSpec(Spec):
     kind: Literal["fixed"]
-    value: float = Field(gt=0)
+    value: float = Field(gt=0, le=MAX_VALUE)
 
 
 class LogNormalSpec(Spec):
     kind: Literal["lognormal"]
-    median: float = Field(gt=0)
-    sigma: float = Field(ge=0, description="standard deviation of log(x)")
-    min: float = Field(default=1, ge=0)
-    max: float = Field(default=float("inf"), gt=0)
+    median: float = Field(gt=0, le=MAX_VALUE)
+    sigma: float = Field(ge=0, le=10, description="standard deviation of log(x)")
+    min: float = Field(default=0, ge=0, description="clip below (default: none; token counts are >= 1)")
+    max: float = Field(default=float("inf"), gt=0, allow_inf_nan=True, description="clip above")
+
+    @model_validator(mode="after")
+    def _range(self) -> LogNormalSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) must not exceed max ({self.max:g})")
+        return self
 
 
 class ExponentialSpec(Spec):
     kind: Literal["exponential"]
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_VALUE)
 
 
 class EmpiricalSpec(Spec):
     kind: Literal["empirical"]
-    values: list[float] | None = Field(default=None, min_length=1, description="observed values, resampled")
+    values: list[Annotated[float, Field(gt=0, le=MAX_VALUE)]] | None = Field(
+        default=None, min_length=1, description="observed values (each > 0), resampled"
+    )
     trace: TraceFileSpec | None = Field(default=None, description="or: the lengths of a trace")
     column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
 
@@ -65,14 +83,16 @@ class PoissonSpec(Spec):
 
 class GammaSpec(Spec):
     kind: Literal["gamma"]
-    cv: float = Field(gt=0, description="coefficient of variation of inter-arrival times (1 = Poisson)")
+    cv: float = Field(
+        gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
+    )
 
 
 class MMPPSpec(Spec):
     kind: Literal["mmpp"]
     burst_factor: float = Field(gt=1, description="burst rate / calm rate")
-    calm_s: float = Field(gt=0, description="mean duration of a calm period")
-    burst_s: float = Field(gt=0, description="mean duration of a burst")
+    calm_s: float = Field(gt=0, le=MAX_SECONDS, description="mean duration of a calm period")
+    burst_s: float = Field(gt=0, le=MAX_SECONDS, description="mean duration of a burst")
 
 
 class ProfileArrivalSpec(Spec):
@@ -81,7 +101,18 @@ class ProfileArrivalSpec(Spec):
         min_length=1,
         description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains",
     )
-    cv: float = Field(default=1.0, gt=0, description="burstiness around the curve (1 = Poisson)")
+    cv: float = Field(default=1.0, gt=0, le=MAX_CV, description="burstiness around the curve (1 = Poisson)")
+
+    @model_validator(mode="after")
+    def _curve(self) -> ProfileArrivalSpec:
+        times = [t for t, _ in self.points]
+        if times[0] != 0 or any(b < a for a, b in zip(times, times[1:], strict=False)):
+            raise ValueError("times must start at 0 and never decrease, e.g. [[0, 1], [600, 3]]")
+        if any(f < 0 for _, f in self.points):
+            raise ValueError("factors must be >= 0")
+        if all(f == 0 for _, f in self.points):
+            raise ValueError("every factor is 0: nothing would arrive")
+        return self
 
 
 class DiurnalSpec(Spec):
@@ -89,9 +120,9 @@ class DiurnalSpec(Spec):
     amplitude: float = Field(
         ge=0, le=1, description="factor = 1 + amplitude cos(2 pi (t - peak_s) / period_s)"
     )
-    period_s: float = Field(default=86_400.0, gt=0)
-    peak_s: float = Field(default=0.0, ge=0)
-    cv: float = Field(default=1.0, gt=0)
+    period_s: float = Field(default=86_400.0, gt=0, le=MAX_SECONDS)
+    peak_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+    cv: float = Field(default=1.0, gt=0, le=MAX_CV)
 
 
 class TraceColumnsSpec(Spec):
@@ -109,7 +140,9 @@ class TraceFileSpec(Spec):
     start_s: float = Field(
         default=0.0, ge=0, description="window start, trace seconds from its first request"
     )
-    end_s: float | None = Field(default=None, gt=0, description="window end (null: to the end)")
+    end_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=True, description="window end (null: to the end)"
+    )
     speedup: float = Field(
         default=1.0, gt=0, description="2 replays twice as fast; multiplied by rate_multiplier"
     )
@@ -125,6 +158,8 @@ class TraceFileSpec(Spec):
     def _columns(self) -> TraceFileSpec:
         if self.format == "mapped" and self.columns is None:
             raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})")
         return self
 
 
@@ -143,8 +178,8 @@ ArrivalSpec = Annotated[
 class LengthRuleSpec(Spec):
     tier: str
     column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
-    above: int = 0
-    at_most: int | None = None
+    above: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    at_most: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
 
 class TraceTiersSpec(Spec):
@@ -157,9 +192,13 @@ class TraceTiersSpec(Spec):
 
 class MaxTokensSpec(Spec):
     kind: Literal["fixed", "scaled"]
-    value: int | None = Field(default=None, gt=0, description="fixed: the max_tokens every client sends")
-    factor: float | None = Field(default=None, ge=1, description="scaled: actual output x factor, rounded up")
-    cap: int | None = Field(default=None, gt=0)
+    value: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, description="fixed: the max_tokens every client sends"
+    )
+    factor: float | None = Field(
+        default=None, ge=1, le=1000, description="scaled: actual output x factor, rounded up"
+    )
+    cap: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
 class TraceReplaySpec(TraceFileSpec):
@@ -171,8 +210,12 @@ class TraceReplaySpec(TraceFileSpec):
 
 
 class SLOSpec(Spec):
-    ttft_s: float = Field(default=float("inf"), gt=0, description="time to first token counted as good")
-    e2e_s: float = Field(default=float("inf"), gt=0, description="end-to-end latency counted as good")
+    ttft_s: float = Field(
+        default=float("inf"), gt=0, allow_inf_nan=True, description="time to first token counted as good"
+    )
+    e2e_s: float = Field(
+        default=float("inf"), gt=0, allow_inf_nan=True, description="end-to-end latency counted as good"
+    )
 
 
 class TierSpec(Spec):
@@ -185,16 +228,30 @@ class TierSpec(Spec):
         default=None, description="actual output; the gateway never sees it"
     )
     max_tokens: int | None = Field(
-        default=None, gt=0, description="max_tokens the client sends; caps the output"
+        default=None, gt=0, le=MAX_TOKENS, description="max_tokens the client sends; caps the output"
     )
-    deadline_s: float | None = Field(default=None, gt=0, description="client deadline after first arrival")
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, description="client deadline after first arrival"
+    )
     slo: SLOSpec = SLOSpec()
-    start_s: float = Field(default=0.0, ge=0, description="the tier sends traffic from this time on")
-    end_s: float = Field(default=float("inf"), gt=0, description="... and until this time (a shifting mix)")
+    start_s: float = Field(
+        default=0.0, ge=0, le=MAX_SECONDS, description="the tier sends traffic from this time on"
+    )
+    end_s: float = Field(
+        default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> TierSpec:
+        if self.end_s <= self.start_s:
+            raise ValueError(
+                f"end_s ({self.end_s:g}) must be after start_s ({self.start_s:g}): it would send nothing"
+            )
+        return self
 
 
 class WorkloadSpec(Spec):
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**63, description="seeds every random stream of the workload")
     arrival: ArrivalSpec = PoissonSpec(kind="poisson")
     trace: TraceReplaySpec | None = Field(
         default=None, description="replay a trace instead of drawing requests"
@@ -206,7 +263,7 @@ class WorkloadSpec(Spec):
         description="mean arrival rate of first attempts (a fitted trace's rate if unset)",
     )
     rate_multiplier: float = Field(default=1.0, gt=0, description="scales the rate (2.0 = twice the traffic)")
-    duration_s: float | None = Field(default=None, gt=0)
+    duration_s: float | None = Field(default=None, gt=0, description=f"at most {MAX_SECONDS:g} s")
     requests: int | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
     tiers: list[TierSpec] = Field(min_length=1)
@@ -219,6 +276,26 @@ class WorkloadSpec(Spec):
         )
         if v is None and synthetic and "arrival" in info.data:
             raise PydanticCustomError("missing", "required field is missing")
+        return v
+
+    @field_validator("requests")
+    @classmethod
+    def _reachable(cls, v: int | None, info: ValidationInfo) -> int | None:
+        curve = info.data.get("arrival")
+        if v is not None and isinstance(curve, ProfileArrivalSpec) and curve.points[-1][1] == 0:
+            raise ValueError(
+                "the arrival profile ends at rate 0, so this many requests may never arrive: use duration_s"
+            )
+        return v
+
+    @field_validator("warmup_s")
+    @classmethod
+    def _before_end(cls, v: float, info: ValidationInfo) -> float:
+        duration = info.data.get("duration_s")
+        if duration is not None and v >= duration:
+            raise ValueError(
+                f"{v:g} s of warm-up leaves nothing of duration_s ({duration:g} s) to measure: make it shorter"
+            )
         return v
 
     @model_validator(mode="after")

@@ -69,6 +69,9 @@ class Empirical:
 Distribution = Fixed | LogNormal | Exponential | Empirical
 
 
+TOKENS_CEILING = 1e9  # above any model's context, so such a request is refused as too long all the same
+
+
 def sample_tokens(dist: Distribution, rng: np.random.Generator, n: int) -> np.ndarray:
-    """Token counts: samples rounded to integers of at least 1."""
-    return np.maximum(1, np.rint(dist.sample(rng, n))).astype(np.int64)
+    """Token counts: samples rounded to integers of at least 1 (a heavy tail is held below int64 overflow)."""
+    return np.clip(np.rint(dist.sample(rng, n)), 1, TOKENS_CEILING).astype(np.int64)

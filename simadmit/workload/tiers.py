@@ -31,7 +31,15 @@ class ByColumn:
 
     def assign(self, frame: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
         if self.column not in frame:
-            raise InputError([problem(None, "tiers", f"the trace has no column {self.column!r}")])
+            raise InputError(
+                [
+                    problem(
+                        None,
+                        "workload.trace.tiers.column",
+                        f"the trace has no column {self.column!r} (map it with workload.trace.columns.tier)",
+                    )
+                ]
+            )
         values = frame[self.column].astype(str).to_numpy(dtype=object)
         known = np.isin(values, list(self.names))
         mapped = np.array([self.names.get(v, v) for v in values], dtype=object)

@@ -1,0 +1,129 @@
+"""Checks on a workload before a run starts: its size, its traces, and that something is left to measure.
+
+The schema checks each value; these checks need the values together (how many requests a rate and a
+duration make) or the files a workload reads (a trace's rows). They run before any simulation, so a bad
+trace row or a workload too big for memory is one `file: field: message` line rather than a traceback
+minutes in. Rows skipped under `on_error: skip` are reported back as notes, with their count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from simadmit.config.errors import InputError, problem
+from simadmit.config.loading import trace_refs
+from simadmit.config.schema import ScenarioSpec
+from simadmit.config.workload_schema import (
+    MAX_SECONDS,
+    DiurnalSpec,
+    FitArrivalSpec,
+    ProfileArrivalSpec,
+    WorkloadSpec,
+)
+from simadmit.workload import arrivals, traffic
+from simadmit.workload.build import generate
+
+MAX_REQUESTS = 5_000_000  # per workload: every request of a run is held in memory
+BYTES_PER_REQUEST = 2_000  # per request and policy: engine state, the attempts table, the request table
+
+
+def expected_requests(spec: WorkloadSpec) -> float:
+    """How many requests a synthetic workload draws on average (its trace's rows for a replay)."""
+    if spec.requests is not None:
+        return float(spec.requests)
+    assert spec.duration_s is not None
+    a = spec.arrival
+    if isinstance(a, FitArrivalSpec) and spec.rate_rps is None:
+        return 0.0  # the trace's own rate: bounded by the trace, which is already in memory
+    rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
+    shape: arrivals.Shape | None = None
+    if isinstance(a, ProfileArrivalSpec):
+        shape = arrivals.RateCurve(tuple(a.points))
+    elif isinstance(a, DiurnalSpec):
+        shape = arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s)
+    if shape is not None:
+        return rate * float(shape.cumulative(np.array(spec.duration_s)))
+    return rate * spec.duration_s
+
+
+def _size_problem(spec: WorkloadSpec, policies: int, source: str | Path | None) -> str | None:
+    if spec.trace is not None:
+        return None
+    n = expected_requests(spec)
+    if n <= MAX_REQUESTS:
+        return None
+    gib = n * policies * BYTES_PER_REQUEST / 2**30
+    if spec.requests is not None:
+        field, what = "workload.requests", f"{n:.3g} requests"
+    else:
+        rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
+        field, what = (
+            "workload.duration_s",
+            f"{spec.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests",
+        )
+    return problem(
+        source,
+        field,
+        f"{what} (~{gib:,.0f} GiB in memory for {policies} policies); a run holds at most "
+        f"{MAX_REQUESTS:,} requests: shorten the run or lower the rate",
+    )
+
+
+def _trace_notes(spec: ScenarioSpec) -> list[str]:
+    """One line per trace that had rows skipped under `on_error: skip`: how many, and the first reasons."""
+    notes = []
+    for where, ref in trace_refs(spec):
+        loaded = traffic.load(ref)
+        if loaded.skipped:
+            first = "; ".join(p.removeprefix(f"{loaded.source}: ") for p in loaded.problems[:3])
+            notes.append(
+                f"{loaded.source}: skipped {loaded.skipped} malformed row{'s' * (loaded.skipped != 1)} "
+                f"({where}.on_error: skip); first: {first}"
+            )
+    return notes
+
+
+def check_workload(
+    spec: ScenarioSpec, source: str | Path | None = None, seed: int | None = None
+) -> list[str]:
+    """Raise `InputError` for what would break the run; return notes for the user (skipped trace rows).
+
+    Reads every trace the workload names and draws the first replication's requests (traces are cached,
+    so the run reads them only once).
+    """
+    size = _size_problem(spec.workload, len(spec.policies), source)
+    if size:
+        raise InputError([size])
+    duration = spec.workload.duration_s
+    if duration is not None and duration > MAX_SECONDS:
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "workload.duration_s",
+                    f"{duration:g} s: at most {MAX_SECONDS:g} s (11.6 days) a run",
+                )
+            ]
+        )
+    notes = _trace_notes(spec)
+    try:
+        workload = generate(spec.workload, seed)
+    except ValueError as e:  # a rule of the arrival generators the schema did not foresee
+        raise InputError([problem(source, "workload", str(e))]) from None
+    if len(workload) == 0:
+        raise InputError([problem(source, "workload", "no request arrives in this workload")])
+    if not (workload.arrival >= spec.workload.warmup_s).any():
+        last = float(workload.arrival.max())
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "workload.warmup_s",
+                    f"every request arrives within the warm-up ({spec.workload.warmup_s:g} s; the last at "
+                    f"{last:.3g} s): nothing is left to measure",
+                )
+            ]
+        )
+    return notes

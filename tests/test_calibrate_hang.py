@@ -1,0 +1,81 @@
+"""`simadmit calibrate` against a server that accepts requests and then hangs: the run ends at its budget.
+
+The fake server (tests/fake_vllm.py) answers its first completions, then sends the headers of every later
+one and nothing more, as a wedged engine does. Without a bound each hung request would hold its worker for
+the whole request time-out; with `--budget` the run stops at the budget plus its grace (the server has
+been silent far longer than 10 s by then), keeps every row it measured, says what was still waiting, and
+exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from simadmit.calibrate.deadline import grace_s
+from simadmit.calibrate.measurements import measurements_path, read_measurements
+from tests.fake_vllm import FakeVllm
+
+ROOT = Path(__file__).resolve().parent.parent
+SIMADMIT = str(Path(sys.executable).parent / "simadmit")
+TEARDOWN_S = 10.0  # cancelling the hung requests and exiting, on a busy shared machine
+
+
+def test_a_hung_server_ends_the_run_at_its_budget_keeping_what_was_measured(tmp_path: Path) -> None:
+    budget_s, ok_first = 16.0, 6  # long enough for a request to stall (10 s) well before the end
+    out = tmp_path / "profile.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    with FakeVllm(then="hang", ok_first=ok_first) as server:
+        result = subprocess.run(
+            [SIMADMIT, "calibrate", "--endpoint", server.url, "--out", str(out), "--budget", f"{budget_s:g}s",
+             "--request-timeout", "10m", "--max-concurrency", "2"],
+            capture_output=True, text=True, timeout=120, env=env, check=False,
+        )  # fmt: skip
+        ended = time.monotonic()
+        assert server.first_request_at is not None
+        # Measured from the first request the server saw, so interpreter start-up is not counted.
+        ran_s = ended - server.first_request_at
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.returncode == 1, output
+    assert ran_s < budget_s + grace_s(budget_s) + TEARDOWN_S, (ran_s, output)
+    # the hung requests were seen as such while the run went on, and named when it stopped
+    assert "stalled: 2 of 2 requests without a byte from the server" in result.stdout, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert (
+        "stopped at the time budget" in lines[0] and "2 requests were still waiting on the server" in lines[0]
+    )
+    assert f"{ok_first} requests measured" in lines[0] and "--resume" in lines[0]
+    rows = read_measurements(measurements_path(out))
+    assert sum(r.ok for r in rows) == ok_first
+    assert not out.exists()  # no profile from an unfinished plan
+
+
+def test_ctrl_c_against_a_hung_server_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C while requests hang: the run's own tasks are cancelled before its client and CSV close, so the
+    user sees one line (no asyncio traceback) and the rows measured stay for --resume."""
+    out = tmp_path / "profile.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    with FakeVllm(then="hang", ok_first=4) as server:
+        process = subprocess.Popen(
+            [SIMADMIT, "calibrate", "--endpoint", server.url, "--out", str(out), "--budget", "10m",
+             "--max-concurrency", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while server.completions < 6 and time.monotonic() < deadline:  # both workers are now hung
+            time.sleep(0.2)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stdout + stderr, stderr
+    assert process.returncode == 130, stdout + stderr
+    assert stderr.strip().splitlines() == [
+        f"interrupted: measurements kept in {measurements_path(out)}; rerun with --resume to continue"
+    ]
+    assert sum(r.ok for r in read_measurements(measurements_path(out))) == 4

@@ -1,0 +1,484 @@
+"""Bad input as a new user types it, through the `simadmit` console command: one clear line, exit code 2.
+
+Each row of the table is one input a user could write (a scenario field, a trace file, a command-line
+value), the exit code it must give and a fragment of the message it must print. Every case runs the
+installed console script in a subprocess, exactly as a user would, and none may print a traceback. Rows
+with exit code 0 are inputs that used to be silently mishandled and are now accepted with the meaning the
+user wrote (the output fragment shows it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fake_vllm import FakeVllm
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = str(ROOT / "calibration" / "llama-3.1-8b-h100.yaml")
+SIMADMIT = str(Path(sys.executable).parent / "simadmit")
+
+TIER = {
+    "name": "interactive",
+    "prompt_tokens": {"kind": "fixed", "value": 100},
+    "output_tokens": {"kind": "fixed", "value": 20},
+    "max_tokens": 64,
+}
+BASE: dict = {
+    "name": "tiny",
+    "workload": {"seed": 1, "rate_rps": 4, "duration_s": 4, "tiers": [TIER]},
+    "pools": [{"name": "p", "profile": PROFILE, "replicas": 1}],
+    "gateway": {"poll_interval_s": 0},
+    "clients": {"max_retries": 0},
+    "policies": [{"kind": "unconditional"}],
+}
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_OK = AZURE_HEADER + "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.00,396,109\n"
+MOONCAKE_OK = '{"timestamp": 0, "input_length": 50, "output_length": 5}\n'
+
+
+def _trace_workload(path: str = "trace.csv", fmt: str = "azure", **options: object) -> Callable[[dict], None]:
+    """Replace the synthetic workload by a replay of `path`."""
+
+    def mutate(doc: dict) -> None:
+        doc["workload"] = {
+            "seed": 1,
+            "trace": {"path": path, "format": fmt, **options},
+            "tiers": [{"name": "t"}],
+        }
+
+    return mutate
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    """Set a dotted path of the scenario (list elements by index)."""
+
+    def mutate(doc: dict) -> None:
+        *parents, last = path.split(".")
+        node = doc
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _both(*mutations: Callable[[dict], None]) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        for m in mutations:
+            m(doc)
+
+    return mutate
+
+
+def _classical(service: dict, policy: dict) -> Callable[[dict], None]:
+    """One textbook server (batch of 1) with this service time, Poisson arrivals at rho = 0.8 of a
+    0.824 s mean service, a live view and no retries."""
+
+    def mutate(doc: dict) -> None:
+        doc["workload"] = {
+            "seed": 1,
+            "rate_rps": 0.8 / (0.5 * math.exp(0.5)),
+            "requests": 2000,
+            "tiers": [TIER],
+        }
+        doc["pools"][0]["engine"] = {"kind": "classical", "service_time": service}
+        doc["gateway"]["dispatch"] = "central"
+        doc["policies"] = [policy]
+
+    return mutate
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    mutate: Callable[[dict], None] = lambda d: None
+    args: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)
+    code: int = 2
+    fragment: str = ""
+    scenario_text: str | None = None  # "default": run the bundled default scenario instead of BASE
+    summary: Callable[[dict], bool] | None = None  # holds for the summary.json of a run that succeeds
+
+
+EMPIRICAL = {
+    "kind": "empirical",
+    "trace": {"path": "trace.csv", "format": "azure"},
+    "column": "prompt_tokens",
+}
+SIM_CASES = [
+    # --- trace content, read by `simulate` (replay, empirical lengths, fitted arrivals) ---
+    Case("trace-empty-file", _trace_workload(), files={"trace.csv": ""}, fragment="trace.csv: empty file"),
+    Case(
+        "trace-header-only", _trace_workload(), files={"trace.csv": AZURE_HEADER}, fragment="no requests left"
+    ),
+    Case(
+        "trace-malformed-row",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
+        fragment="trace.csv: line 4: ContextTokens 'abc' is not a whole number",
+    ),
+    Case(
+        "trace-short-row",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,12\n"},
+        fragment="line 4: expected 3 comma-separated fields, found 2",
+    ),
+    Case(
+        "trace-negative-tokens",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,-5,12\n"},
+        fragment="line 4: ContextTokens '-5' is not a whole number >= 1",
+    ),
+    Case(
+        "trace-bad-date",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "yesterday,5,12\n"},
+        fragment="line 4: TIMESTAMP 'yesterday' is not a date-time",
+    ),
+    Case(
+        "trace-wrong-columns",
+        _trace_workload(),
+        files={"trace.csv": "time,prompt,output\n1,2,3\n"},
+        fragment="no column 'TIMESTAMP'",
+    ),
+    Case(
+        "trace-truncated",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:4"},
+        fragment="line 4: expected 3 comma-separated fields, found 1",
+    ),
+    Case(
+        "trace-jsonl-truncated",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 5, "input_le'},
+        fragment="trace.jsonl: line 2: not valid JSON",
+    ),
+    Case(
+        "trace-empirical-lengths",
+        _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
+        fragment="trace.csv: line 4: ContextTokens 'abc'",
+    ),
+    Case(
+        "trace-fit-arrivals",
+        _set("workload.arrival", {"kind": "fit", "trace": {"path": "trace.csv", "format": "azure"}}),
+        files={"trace.csv": AZURE_HEADER + "2023-11-16 18:15:46.68,374\n"},
+        fragment="trace.csv: line 2: expected 3 comma-separated fields",
+    ),
+    Case(
+        "trace-skip-reports-its-count",
+        _trace_workload(on_error="skip"),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\nbad,1,1\n"},
+        code=0,
+        fragment="skipped 2 malformed rows",
+    ),
+    # --- values ---
+    Case(
+        "rate-inf",
+        _set("workload.rate_rps", float("inf")),
+        fragment="workload.rate_rps: Input should be a finite",
+    ),
+    Case(
+        "rate-multiplier-inf",
+        _set("workload.rate_multiplier", float("inf")),
+        fragment="workload.rate_multiplier",
+    ),
+    Case("rate-nan", _set("workload.rate_rps", float("nan")), fragment="workload.rate_rps"),
+    Case("negative-seed-option", args=("--seed", "-1"), fragment="--seed: must be a whole number from 0"),
+    Case("negative-seed-field", _set("workload.seed", -3), fragment="workload.seed"),
+    Case(
+        "set-not-yaml",
+        args=("--set", "workload.rate_rps=[1, 2"),
+        fragment="--set: workload.rate_rps=[1, 2: not valid YAML",
+    ),
+    Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
+    Case(
+        "warmup-after-duration",
+        _set("workload.warmup_s", 10),
+        fragment="workload.warmup_s: 10 s of warm-up leaves nothing of duration_s (4 s)",
+    ),
+    Case(
+        "default-warmup-short-duration",
+        args=("--set", "workload.duration_s=5"),
+        scenario_text="default",
+        fragment="workload.warmup_s: 10 s of warm-up",
+    ),
+    Case(
+        "requests-all-in-warmup",
+        _both(
+            _set("workload.duration_s", None), _set("workload.requests", 3), _set("workload.warmup_s", 100)
+        ),
+        fragment="workload.warmup_s: every request arrives within the warm-up",
+    ),
+    Case(
+        "profile-curve-ends-at-zero-with-requests",
+        _both(
+            _set("workload.duration_s", None),
+            _set("workload.requests", 50),
+            _set("workload.arrival", {"kind": "profile", "points": [[0, 1], [2, 0]]}),
+        ),
+        fragment="workload.requests: the arrival profile ends at rate 0",
+    ),
+    Case(
+        "profile-curve-times-decrease",
+        _set("workload.arrival", {"kind": "profile", "points": [[0, 1], [5, 2], [3, 1]]}),
+        fragment="workload.arrival.profile: Value error, times must start at 0 and never decrease"[:24],
+    ),
+    Case(
+        "duration-huge",
+        _set("workload.duration_s", 1e9),
+        fragment="workload.duration_s: 1e+09 s at 4 req/s is about 4e+09 requests",
+    ),
+    Case(
+        "requests-huge",
+        _both(_set("workload.duration_s", None), _set("workload.requests", 10**12)),
+        fragment="workload.requests: 1e+12 requests",
+    ),
+    Case(
+        "lognormal-min-above-max",
+        _set(
+            "workload.tiers.0.prompt_tokens",
+            {"kind": "lognormal", "median": 100, "sigma": 1, "min": 500, "max": 50},
+        ),
+        fragment="min (500) must not exceed max (50)",
+    ),
+    Case(
+        "tier-start-after-end",
+        _both(_set("workload.tiers.0.start_s", 3), _set("workload.tiers.0.end_s", 2)),
+        fragment="workload.tiers.0: end_s (2) must be after start_s (3)",
+    ),
+    Case(
+        "negative-wait-budget",
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {"interactive": -1}}),
+        fragment="policies.0.gpu_seconds.budgets_s.interactive: Input should be greater than 0",
+    ),
+    Case(
+        "budget-for-unknown-tier",
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {"interactve": 3}}),
+        fragment="policies.0.budgets_s.interactve: no tier 'interactve' (tiers: interactive)",
+    ),
+    Case(
+        "tier-cap-for-unknown-tier",
+        _set("policies.0", {"kind": "gpu_seconds", "tier_max_gpu_seconds": {"bulk": 3}}),
+        fragment="policies.0.tier_max_gpu_seconds.bulk: no tier 'bulk'",
+    ),
+    Case(
+        "engine-batched-tokens-below-seqs",
+        _set("pools.0.engine", {"max_num_seqs": 256, "max_num_batched_tokens": 128}),
+        fragment="pools.0.engine: max_num_batched_tokens (128) is below max_num_seqs (256)",
+    ),
+    Case(
+        "engine-batched-tokens-below-profile-seqs",
+        _set("pools.0.engine", {"max_num_batched_tokens": 16}),
+        fragment="max_num_batched_tokens (16) is below max_num_seqs",
+    ),
+    Case(
+        "tier-served-by-two-pools",
+        _set(
+            "pools",
+            [
+                {"name": "a", "profile": PROFILE, "replicas": 1},
+                {"name": "b", "profile": PROFILE, "replicas": 1, "tiers": ["interactive"]},
+            ],
+        ),
+        fragment="pools.1.tiers: tier 'interactive' is already served by pool 'a' (pools.0)",
+    ),
+    Case(
+        "replicas-huge",
+        _set("pools.0.replicas", 10**12),
+        fragment="pools.0.replicas: Input should be less than or equal to",
+    ),
+    Case(
+        "poll-interval-tiny",
+        _set("gateway.poll_interval_s", 1e-12),
+        fragment="gateway.poll_interval_s: Value error, must be 0"[:24],
+    ),
+    # --- defaults that used to distort what the user wrote (checked on summary.json; theory in
+    # tests/test_queue_semantics.py): an M/G/1 at rho = 0.8 and an M/M/1/1 loss system at a = 0.8 ---
+    Case(
+        "lognormal-service-time-is-not-clipped",
+        _classical({"kind": "lognormal", "median": 0.5, "sigma": 1.0}, {"kind": "unconditional"}),
+        code=0,
+        fragment="simulated requests",
+        summary=lambda s: 0.74 < s["unconditional"]["all"]["utilization"] < 0.86,  # not 1.0, as with min 1
+    ),
+    Case(
+        "queue-depth-zero-is-a-loss-system",
+        _classical(
+            {"kind": "exponential", "mean": 0.5 * math.exp(0.5)}, {"kind": "queue_depth", "max_queued": 0}
+        ),
+        code=0,
+        fragment="simulated requests",
+        summary=lambda s: (
+            abs(s["queue_depth"]["all"]["rejection_rate"] - 0.8 / 1.8) < 0.05
+            and s["queue_depth"]["all"]["queue_wait_mean_s"] == 0
+        ),  # Erlang B, nobody waits
+    ),
+]
+
+
+def _write_scenario(case: Case, tmp_path: Path) -> Path:
+    for name, text in case.files.items():
+        (tmp_path / name).write_text(text)
+    if case.scenario_text == "default":
+        return ROOT / "scenarios" / "default.yaml"
+    doc = copy.deepcopy(BASE)
+    case.mutate(doc)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def simadmit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The installed console command, running this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [SIMADMIT, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.returncode == code, output
+    if code == 2:  # one line per problem, each naming its file or option and field
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert any(fragment in line for line in lines), result.stderr
+    else:
+        assert fragment in output, output
+
+
+@pytest.mark.parametrize("case", SIM_CASES, ids=[c.id for c in SIM_CASES])
+def test_simulate_input(case: Case, tmp_path: Path) -> None:
+    scenario = _write_scenario(case, tmp_path)
+    result = simadmit("simulate", str(scenario), "--out", str(tmp_path / "out"), *case.args)
+    assert_outcome(result, case.code, case.fragment)
+    if case.summary is not None:
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert case.summary(summary), summary
+
+
+@dataclass(frozen=True)
+class CalibrateCase:
+    """A `simadmit calibrate ...` command; `{url}` is a fake vLLM server behaving as `server` says."""
+
+    id: str
+    args: tuple[str, ...]
+    server: str = "ok"
+    code: int = 2
+    fragment: str = ""
+
+
+CALIBRATE_CASES = [
+    CalibrateCase(
+        "engine-limits-checked-before-measuring",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{tmp}/p.yaml",
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "32",
+        ),
+        fragment="--max-num-batched-tokens: max_num_batched_tokens (32) is below max_num_seqs (64)",
+    ),
+    CalibrateCase(
+        "budget-zero",
+        ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/p.yaml", "--budget", "0s"),
+        fragment="--budget: '0s': must be longer than zero",
+    ),
+    CalibrateCase(
+        "request-timeout-not-a-duration",
+        ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/p.yaml", "--request-timeout", "soon"),
+        fragment="--request-timeout: 'soon' is not a duration",
+    ),
+    CalibrateCase(
+        "hung-server-stops-at-the-budget",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{tmp}/p.yaml",
+            "--budget",
+            "3s",
+            "--max-concurrency",
+            "2",
+        ),
+        server="hang",
+        code=1,
+        fragment="stopped at the time budget (3s): 2 requests were still waiting on the server",
+    ),
+    CalibrateCase(
+        "check-every-request-failed",
+        ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
+        server="error",
+        code=1,
+        fragment="all 4 requests failed (4 http_500): nothing to compare",
+    ),
+    CalibrateCase(
+        "check-hung-server-times-out",
+        (
+            "calibrate",
+            "check",
+            "smollm2-135m-cpu",
+            "--endpoint",
+            "{url}",
+            "--requests",
+            "3",
+            "--rate",
+            "20",
+            "--request-timeout",
+            "1s",
+        ),
+        server="hang",
+        code=1,
+        fragment="all 3 requests failed (3 timeout)",
+    ),
+    CalibrateCase(
+        "check-takes-a-bundled-profile-name",
+        ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "3", "--rate", "20"),
+        code=0,
+        fragment="smollm2-135m-cpu: simulated vs measured",
+    ),
+    CalibrateCase(
+        "check-unknown-profile",
+        ("calibrate", "check", "no-such-profile", "--endpoint", "{url}"),
+        fragment="no-such-profile: calibration profile file not found",
+    ),
+    CalibrateCase(
+        "check-negative-rate",
+        ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--rate", "-1"),
+        fragment="--rate: must be a positive number",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
+def test_calibrate_input(case: CalibrateCase, tmp_path: Path) -> None:
+    with FakeVllm(then=case.server) as server:
+        args = [a.format(url=server.url, tmp=tmp_path) for a in case.args]
+        result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
+    if case.code == 1:  # a run that stopped: one line saying why, never a traceback
+        assert "Traceback" not in result.stdout + result.stderr
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert case.fragment in result.stderr, result.stderr
+        return
+    assert_outcome(result, case.code, case.fragment)

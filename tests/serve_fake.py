@@ -154,9 +154,9 @@ class FakeVllm:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Serve `app` on a free loopback port for the duration of the block; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", timeout_graceful_shutdown=1)
+async def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve `app` on a loopback port (default: a free one) for the duration of the block; yields its URL."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="error", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -165,7 +165,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
         await asyncio.sleep(0.005)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         await task

@@ -274,3 +274,57 @@ def test_two_gateways_see_each_other_only_through_polls(tmp_path: Path, poll_int
                 await until(lambda: fake.completed == expected)
 
     run(main())
+
+
+# --- backends found by DNS --------------------------------------------------------------------------------
+
+
+def test_backends_found_by_dns_join_and_drain(tmp_path: Path) -> None:
+    """`dns+http://NAME:PORT` follows what NAME resolves to (a headless Service): an address that appears
+    joins and takes work; one that disappears gets no new work and leaves once its requests have ended."""
+
+    async def main() -> None:
+        a, b = FakeVllm(), FakeVllm()
+        a.hold()
+        addresses = ["127.0.0.1"]
+
+        async def resolver(host: str, port: int) -> list[str]:
+            assert host == "pool.headless"
+            return list(addresses)
+
+        async with serving(a.app) as url_a:
+            port = int(url_a.rsplit(":", 1)[1])
+            async with serving(b.app, host="127.0.0.2", port=port):
+                server = make_server(tmp_path, [f"dns+http://pool.headless:{port}"])
+                server.resolve = resolver
+                server.discovery_interval_s = 0.02
+                pool = server.pools[0]
+                async with serving(server.app) as gw, httpx.AsyncClient(base_url=gw, timeout=30) as client:
+                    await until(lambda: [x.url for x in pool.available()] == [url_a])
+                    held = asyncio.create_task(client.post("/v1/completions", json=completion()))
+                    await until(lambda: a.running == 1)
+                    addresses[:] = ["127.0.0.1", "127.0.0.2"]
+                    await until(lambda: len(pool.available()) == 2)
+                    assert (await client.post("/v1/completions", json=completion())).status_code == 200
+                    assert len(b.bodies) == 1  # the newcomer had the least work
+                    addresses[:] = ["127.0.0.2"]
+                    await until(lambda: len(pool.available()) == 1)
+                    assert [x.url for x in pool.backends] == [url_a, f"http://127.0.0.2:{port}"]  # draining
+                    a.release()
+                    assert (await held).status_code == 200
+                    await until(lambda: len(pool.backends) == 1)
+                    assert (await client.post("/v1/completions", json=completion())).status_code == 200
+                    assert len(a.bodies) == 1 and len(b.bodies) == 2
+
+    run(main())
+
+
+def test_dns_spec_becomes_one_url_per_address() -> None:
+    """IPv6 addresses are bracketed; the spec's scheme and port are kept."""
+    from simadmit.serve.discovery import backend_urls
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["10.0.0.5", "fd00::1"] if (host, port) == ("vllm.ns.svc", 8000) else []
+
+    urls = asyncio.run(backend_urls("dns+http://vllm.ns.svc:8000", resolver))
+    assert urls == ["http://10.0.0.5:8000", "http://[fd00::1]:8000"]

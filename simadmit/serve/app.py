@@ -31,6 +31,7 @@ from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
 from simadmit.calibrate.metrics import parse_gauges
 from simadmit.serve.backends import Backend, LivePool
+from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
 from simadmit.serve.inbound import (
     CHAT,
     COMPLETIONS,
@@ -94,6 +95,8 @@ class GatewayServer:
         self.client: httpx.AsyncClient | None = None
         self.poll_client: httpx.AsyncClient | None = None
         self.pollers: list[asyncio.Task[None]] = []
+        self.resolve: Resolver = resolve
+        self.discovery_interval_s = DISCOVERY_INTERVAL_S
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", partial(self.serve, route=COMPLETIONS), methods=["POST"]),
@@ -122,6 +125,8 @@ class GatewayServer:
             self.refresh(p)
             for b in pool.backends:
                 self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, b)))
+            for name in pool.dns_names:
+                self.pollers.append(asyncio.create_task(self.discovery_loop(p, pool, name)))
         try:
             yield
         finally:
@@ -134,7 +139,7 @@ class GatewayServer:
     async def poll_loop(self, p: int, pool: LivePool, backend: Backend) -> None:
         assert self.poll_client is not None
         stale_after = self.settings.http.stale_after_s
-        while True:
+        while not pool.leave(backend):
             started = time.monotonic()
             try:
                 response = await self.poll_client.get(f"{backend.url}/metrics")
@@ -144,6 +149,16 @@ class GatewayServer:
                 pool.poll_failed(backend, self.now(), stale_after)
             self.refresh(p)
             await asyncio.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
+
+    async def discovery_loop(self, p: int, pool: LivePool, name: str) -> None:
+        """Re-resolve a DNS name now and then: its new addresses join the pool, vanished ones retire."""
+        while True:
+            urls = await backend_urls(name, self.resolve)
+            self.pollers = [t for t in self.pollers if not t.done()]
+            for backend in pool.join(urls, name):
+                self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, backend)))
+            self.refresh(p)
+            await asyncio.sleep(self.discovery_interval_s)
 
     def refresh(self, p: int) -> None:
         """Replace the gateway's view of pool `p` by a snapshot of the latest gauges and the books."""

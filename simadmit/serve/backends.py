@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.calibrate.metrics import EngineGauges
+from simadmit.serve.discovery import is_discovered
 
 # how fast the mean charged estimate follows new admits: about the last 50 requests
 ESTIMATE_SMOOTHING = 0.02
@@ -31,6 +32,7 @@ class Backend:
     """One vLLM replica: its address, what its last poll said, and this gateway's work on it."""
 
     url: str
+    source: str = ""  # the DNS name it was found through, if any
     gauges: EngineGauges = EngineGauges(0.0, 0.0, 0.0)
     polled_ok_at: float = float("-inf")  # gateway clock of the last poll that answered
     refused_until_poll: bool = False  # a request failed to connect: unavailable until a poll answers
@@ -38,6 +40,7 @@ class Backend:
     own_requests: int = 0  # admitted by this gateway, sent here, not finished
     own_gpu_s: float = 0.0
     others_at_poll: float = 0.0  # requests the backend held at the last poll beyond this gateway's own
+    retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
     aborters: set[Callable[[str], None]] = field(default_factory=set)  # cut off its requests, saying why
 
 
@@ -54,7 +57,8 @@ class LivePool:
         on_stale: str,
     ) -> None:
         self.name = name
-        self.backends = [Backend(u.rstrip("/")) for u in urls]
+        self.backends = [Backend(u) for u in urls if not is_discovered(u)]
+        self.dns_names = [u for u in urls if is_discovered(u)]
         self.gpus_per_replica = gpus_per_replica
         self.max_num_seqs = max_num_seqs
         self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds charged per admit
@@ -68,10 +72,27 @@ class LivePool:
 
     def takes_work(self, backend: Backend) -> bool:
         """Answering, or stale but kept on its last gauges as the scenario says."""
-        return not backend.refused_until_poll and (not backend.stale or self.keep_stale)
+        return not (backend.refused_until_poll or backend.retired) and (not backend.stale or self.keep_stale)
 
     def available(self) -> list[Backend]:
         return [b for b in self.backends if self.takes_work(b)]
+
+    def join(self, urls: list[str], source: str) -> list[Backend]:
+        """Make the pool's backends found through `source` exactly `urls`: new ones join, missing ones
+        retire. Returns the backends that joined."""
+        known = {b.url: b for b in self.backends if b.source == source}
+        joined = [Backend(u, source=source) for u in urls if u not in known]
+        for url, b in known.items():
+            b.retired = url not in urls
+        self.backends += joined
+        return joined
+
+    def leave(self, backend: Backend) -> bool:
+        """Drop a retired backend once this gateway has nothing left on it; True if it left."""
+        if backend.retired and backend.own_requests == 0:
+            self.backends.remove(backend)
+            return True
+        return False
 
     def polled(self, backend: Backend, gauges: EngineGauges, now: float) -> None:
         """A poll of `backend` answered: take its gauges; a refused or stale backend rejoins."""

@@ -3,7 +3,8 @@
 Built from the same validated scenario `simulate` reads (`build_world`, `build_policy`), so the settings
 `optimize` finds are deployed as they are. The policy is the one named, else the scenario's only policy,
 else its first `gpu_seconds` policy. Backends are given as URLs, or `POOL=URL` when the scenario has
-several pools; every pool needs one.
+several pools; every pool needs one. `dns+http://NAME:PORT` stands for every address NAME resolves to (a
+headless Service), re-resolved as pods come and go.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
                 continue
         if name not in found:
             problems.append(f"--backend {arg}: no pool named {name!r} (pools: {', '.join(pools)})")
-        elif not url.startswith(("http://", "https://")):
-            problems.append(f"--backend {arg}: the URL must start with http:// or https://")
+        elif not url.startswith(("http://", "https://", "dns+http://", "dns+https://")):
+            problems.append(f"--backend {arg}: the URL must start with http://, https:// or dns+http://")
         else:
             found[name].append(url.rstrip("/"))
     problems += [f"--backend: pool {n!r} has no backend" for n, urls in found.items() if not urls]

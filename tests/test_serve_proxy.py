@@ -225,3 +225,21 @@ def test_unreachable_gateway_argument_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert "must start with http://" in r.output and "no pool named 'nopool'" in r.output
     assert "Traceback" not in r.output
+
+
+def test_kubernetes_example_scenario_is_valid() -> None:
+    """The scenario in deploy/kubernetes/gateway.yaml's ConfigMap loads (its profile mounted beside it)."""
+    import yaml
+
+    from simadmit.config.loading import scenario_from_dict
+
+    root = Path(__file__).resolve().parents[1]
+    docs = list(yaml.safe_load_all((root / "deploy/kubernetes/gateway.yaml").read_text()))
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    data = yaml.safe_load(config_map["data"]["scenario.yaml"])
+    assert data["pools"][0]["profile"] == "/etc/simadmit/profile.yaml"
+    data["pools"][0]["profile"] = "llama-3.1-8b-h100"  # the mounted file stands for a calibrated profile
+    spec = scenario_from_dict(data, "gateway.yaml")
+    assert spec.gateway.http.on_stale == "unavailable" and spec.gateway.poll_interval_s == 0.2
+    deployment = [d for d in docs if d["kind"] == "Deployment"][0]
+    assert "dns+http://vllm-pool" in " ".join(deployment["spec"]["template"]["spec"]["containers"][0]["args"])

@@ -161,10 +161,14 @@ def main() -> None:
         wait_healthy(f"{direct}/v1/models", backend, tmp / "backend.log")
         wait_healthy(f"{through}/health", gateway, tmp / "gateway.log")
         print(f"\nLatency, {args.requests} requests one at a time per case and path (ms):\n")
-        print("| request | direct p50 | direct p99 | via gateway p50 | via gateway p99 | added p50 | added p99 |")
+        print(
+            "| request | direct p50 | direct p99 | via gateway p50 | via gateway p99 | added p50 | added p99 |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name, d50, d99, g50, g99 in asyncio.run(latencies(direct, through, args.requests)):
-            print(f"| {name} | {d50:.2f} | {d99:.2f} | {g50:.2f} | {g99:.2f} | {g50 - d50:.2f} | {g99 - d99:.2f} |")
+            print(
+                f"| {name} | {d50:.2f} | {d99:.2f} | {g50:.2f} | {g99:.2f} | {g50 - d50:.2f} | {g99 - d99:.2f} |"
+            )
         print(f"\nThroughput, {args.concurrency} clients back to back for {args.seconds:.0f} s:\n")
         print("| request | path | requests/s | gateway CPU ms per request | bound: requests/s per core |")
         print("|---|---|---|---|---|")

@@ -224,6 +224,7 @@ def test_client_leaving_before_the_answer_aborts_too(tmp_path: Path) -> None:
                 await client.post("/v1/completions", json=completion(), timeout=0.3)
             await until(lambda: fake.cancelled == 1)
             await until(lambda: server.pools[0].own_requests == 0)
+            assert "simadmit_gateway_client_disconnects_total 1.0" in (await client.get("/metrics")).text
 
     run(main())
 

@@ -309,10 +309,10 @@ class GatewayServer:
         backend.aborters.discard(exchange.abort)
         if exchange.refused:
             pool.refused(backend)
-        if exchange.failure is not None:
-            self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
-        elif exchange.task.cancelled():
+        if exchange.client_gone:
             self.metrics.client_gone.inc()
+        elif exchange.failure is not None:
+            self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
         if exchange.completed and exchange.output_tokens is not None:
             self.gateway.observe_completion(req, exchange.output_tokens)
 

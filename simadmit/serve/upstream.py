@@ -77,6 +77,7 @@ class Exchange:
         self.completed = False  # the backend answered in full with a 200
         self.refused = False  # the backend could not be reached
         self.failure: Failure | None = None
+        self.client_gone = False  # the client left before the end
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._on_done = on_done
         self.task = asyncio.create_task(self._pump(client))
@@ -150,8 +151,11 @@ class Exchange:
             self.task.cancel()
 
     def close(self) -> None:
-        """The client went away: stop the backend's work on the request."""
-        self.task.cancel()
+        """The client went away: stop the backend's work on the request (and wake whoever waits on it)."""
+        if not self.task.done():
+            self.client_gone = True
+            self.task.cancel()
+            self.queue.put_nowait(Failure(499, "the client closed the request"))
 
     # --- the client side --------------------------------------------------------------------------------
 
@@ -159,19 +163,22 @@ class Exchange:
         return await self.queue.get()
 
     async def body_chunks(self) -> AsyncIterator[bytes]:
-        """The rest of a streamed response; a failure becomes a final error event."""
+        """The rest of a streamed response; a failure becomes a final error event. Left early (the client
+        went away), it stops the backend's work."""
+        ended = False
         try:
             while True:
                 item = await self.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, Failure):
-                    yield item.stream_event()
+                if item is None or isinstance(item, Failure):
+                    ended = True
+                    if isinstance(item, Failure):
+                        yield item.stream_event()
                     return
                 if isinstance(item, bytes):
                     yield item
         finally:
-            self.close()
+            if not ended:
+                self.close()
 
     async def read_rest(self) -> bytes | Failure:
         """The rest of a non-streamed response, or the failure that ended it."""

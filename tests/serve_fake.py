@@ -32,6 +32,7 @@ class FakeVllm:
         self.completed = 0
         self.cancelled = 0  # requests whose connection went away before their end
         self.bodies: list[dict[str, Any]] = []
+        self.tokenized = 0  # /tokenize calls
         self.app = Starlette(
             routes=[
                 Route("/tokenize", self.tokenize, methods=["POST"]),
@@ -56,6 +57,7 @@ class FakeVllm:
 
     async def tokenize(self, request: Request) -> Response:
         body = await request.json()
+        self.tokenized += 1
         if "messages" in body:
             count = sum(len(str(m.get("content", "")).split()) + 3 for m in body["messages"])
         else:

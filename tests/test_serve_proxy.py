@@ -243,3 +243,29 @@ def test_kubernetes_example_scenario_is_valid() -> None:
     assert spec.gateway.http.on_stale == "unavailable" and spec.gateway.poll_interval_s == 0.2
     deployment = [d for d in docs if d["kind"] == "Deployment"][0]
     assert "dns+http://vllm-pool" in " ".join(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_local_tokenizer_counts_without_a_round_trip(tmp_path: Path) -> None:
+    """With gateway.http.tokenizer the prompt is counted in the gateway (here a word-level tokenizer: one
+    token per word), chat messages with 4 tokens each for the template, and the backend's /tokenize is never
+    called; a text prompt and a token-id prompt of the same length are charged the same."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0, "one": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+
+    async def main() -> None:
+        fake = FakeVllm()
+        async with stack(tmp_path, [fake], gateway__http__tokenizer="tokenizer.json") as (server, client):
+            assert (await client.post("/v1/completions", json=completion())).status_code == 200
+            assert server.pools[0].peak_own_gpu_s == pytest.approx(COST)  # 10 tokens + 100 max_tokens
+            chat = {"model": "fake", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 100}
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+            assert server.pools[0].peak_own_gpu_s == pytest.approx(COST + 0.004)  # + 4 template tokens
+            assert fake.tokenized == 0
+
+    run(main())

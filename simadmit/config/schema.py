@@ -137,6 +137,11 @@ class GatewayHttpSpec(Spec):
     deadline_header: str = Field(
         default="x-deadline-s", description="request header: seconds from arrival the client can wait"
     )
+    tokenizer: str | None = Field(
+        default=None,
+        description="a tokenizer.json to count prompt tokens in the gateway (path relative to the scenario); "
+        "default: each request's prompt is counted by a backend's /tokenize",
+    )
     max_body_bytes: int = Field(default=4_000_000, gt=0, description="larger request bodies get a 413")
     backend_timeout_s: float = Field(
         default=120.0, gt=0, description="longest silence from a backend mid-request before a 502"

@@ -242,7 +242,10 @@ class GatewayServer:
         return b"".join(parts)
 
     async def count_tokens(self, pool: LivePool, body: OpenAIRequest) -> int:
-        """The prompt's length from a backend's /tokenize (the next backend if one fails)."""
+        """The prompt's length: counted locally when a tokenizer is configured, else by a backend's
+        /tokenize (the next backend if one fails)."""
+        if self.settings.tokenizer is not None:
+            return self.settings.tokenizer.count(body)
         assert self.client is not None
         payload = tokenize_payload(body)
         for backend in pool.available():

@@ -15,6 +15,7 @@ from pathlib import Path
 from simadmit.admission.policies import AdmissionPolicy
 from simadmit.config.errors import InputError
 from simadmit.config.schema import GatewayHttpSpec, GpuSecondsSpec, ScenarioSpec, policy_name
+from simadmit.serve.counting import LocalTokenizer
 from simadmit.sim.world import World, build_policy, build_world
 
 DEFAULT_MAX_TOKENS = 512  # a request without max_tokens, of a tier that names none in the scenario
@@ -29,6 +30,7 @@ class ServeSettings:
     http: GatewayHttpSpec
     tier_max_tokens: dict[str, int]  # what a request that names no max_tokens is charged and capped at
     default_tier: str
+    tokenizer: LocalTokenizer | None = None  # None: count with a backend's /tokenize
 
 
 def pick_policy(spec: ScenarioSpec, name: str | None) -> str:
@@ -84,4 +86,5 @@ def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: 
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
         default_tier=http.default_tier or spec.workload.tiers[0].name,
+        tokenizer=LocalTokenizer(base / http.tokenizer) if http.tokenizer else None,
     )

@@ -78,7 +78,10 @@ def gateway(
         f"simadmit gateway on http://{host}:{port}: policy {settings.policy_name}, "
         + "; ".join(f"{p.name}: {len(p.backends)} backend(s)" for p in server.pools)
     )
-    uvicorn.run(server.app, host=host, port=port, log_level="warning", access_log=False)
+    # on SIGTERM, requests in flight get 25 s to finish: inside Kubernetes' default 30 s grace period
+    uvicorn.run(
+        server.app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=25
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -150,7 +150,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def gateways(scenario_file: Path, backend: str, n: int) -> Iterator[list[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     procs, urls = [], []
     for _ in range(n):
         port = free_port()

@@ -141,7 +141,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"Gateway.decide: {decision_us():.2f} us per decision")
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     tmp = Path(tempfile.mkdtemp())
     (tmp / "fake.yaml").write_text(yaml.safe_dump(PROFILE))
     admit_all = {"kind": "gpu_seconds", "budgets_s": {"interactive": 1e9}, "max_pool_gpu_seconds": 1e12}

@@ -27,6 +27,7 @@ class FakeVllm:
         self.max_model_len = max_model_len
         self.gate: asyncio.Event | None = None  # set: requests wait for it before producing tokens
         self.hanging = False  # requests and /metrics never answer
+        self.metrics_silent = False  # only /metrics never answers
         self.stall_after: int | None = None  # streams stop after this many tokens, until cancelled
         self.running = 0
         self.completed = 0
@@ -68,6 +69,8 @@ class FakeVllm:
 
     async def metrics(self, _request: Request) -> Response:
         await self._hang_if_asked()
+        while self.metrics_silent:
+            await asyncio.sleep(0.01)
         waiting = self.running if self.gate is not None else 0
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",

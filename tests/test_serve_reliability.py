@@ -158,6 +158,37 @@ def test_backend_that_stops_answering_is_cut_off_and_rejoins(tmp_path: Path) -> 
     run(main())
 
 
+@pytest.mark.parametrize("on_stale", ["unavailable", "last_known"])
+def test_stale_metrics_are_treated_as_the_scenario_says(tmp_path: Path, on_stale: str) -> None:
+    """Only /metrics goes silent, requests are still served: `unavailable` cuts the backend off (its request
+    ends with a 503, new ones get pool_exhausted); `last_known` keeps routing to it on its last gauges."""
+
+    async def main() -> None:
+        fake = FakeVllm()
+        fake.hold()
+        async with stack(tmp_path, [fake], gateway__http__on_stale=on_stale) as (server, client):
+            held = asyncio.create_task(client.post("/v1/completions", json=completion()))
+            await until(lambda: fake.running == 1)
+            fake.metrics_silent = True
+            backend = server.pools[0].backends[0]
+            await until(lambda: backend.stale)
+            if on_stale == "unavailable":
+                assert (await held).status_code == 503
+                r = await client.post("/v1/completions", json=completion())
+                assert r.status_code == 429 and r.json()["error"]["reason"] == "pool_exhausted"
+            else:
+                assert not held.done()
+                fake.release()
+                assert (await held).status_code == 200
+                assert (await client.post("/v1/completions", json=completion())).status_code == 200
+            fake.metrics_silent = False
+            fake.release()
+            await until(lambda: not backend.stale)
+            assert (await client.post("/v1/completions", json=completion())).status_code == 200
+
+    run(main())
+
+
 def test_backend_refusing_connections_gets_503_and_no_more_work(tmp_path: Path) -> None:
     """A backend that is gone (connection refused) fails the request routed to it with a 503 and takes no
     more work until a poll of it answers; the other backend serves the rest."""

@@ -49,13 +49,14 @@ from simadmit.serve.upstream import Exchange, Failure, Head
 NO_BACKEND_RETRY_S = 5.0  # Retry-After when a pool has no backend taking work
 MIN_POLL_S = 0.05  # poll_interval_s 0 (live views) polls this often and refreshes before every decision
 PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
+ERROR_TYPES = {429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 def error_body(status: int, message: str, **extra: Any) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
-            "type": "invalid_request_error" if status < 429 else "",
+            "type": ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "backend_error"),
             "code": status,
             **extra,
         }
@@ -223,7 +224,6 @@ class GatewayServer:
         headers = {"Retry-After": str(int(decision.retry_after_s)), "X-Queue-Predict-Wait": f"{shown:.3f}"}
         message = f"{tier} request rejected: {decision.reason}; retry after {int(decision.retry_after_s)} s"
         body = error_body(429, message, reason=decision.reason, tier=tier, predicted_wait_s=round(shown, 3))
-        body["error"]["type"] = "rate_limit_exceeded"
         return JSONResponse(body, status_code=429, headers=headers)
 
     async def read_body(self, request: HttpRequest) -> bytes:

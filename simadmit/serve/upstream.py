@@ -79,7 +79,6 @@ class Exchange:
         self.failure: Failure | None = None
         self.client_gone = False  # the client left before the end
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._on_done = on_done
         self.task = asyncio.create_task(self._pump(client))
         self.task.add_done_callback(lambda _t: on_done(self))
 

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
-from simadmit.cli import study
+from simadmit.cli import gateway, study
 from simadmit.cli.common import LazyProgress, check_seed, fail, preflight, write_outputs
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
@@ -83,4 +83,5 @@ def simulate(
 
 
 study.register(app)
+gateway.register(app)
 app.add_typer(calibrate_app, name="calibrate")

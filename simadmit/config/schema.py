@@ -124,6 +124,39 @@ class PoolSpec(Spec):
 # --- gateway, clients, policies ----------------------------------------------------------------------
 
 
+class GatewayHttpSpec(Spec):
+    """How `simadmit gateway` reads HTTP requests and watches its backends (the simulator ignores it)."""
+
+    tier_header: str = Field(default="x-tier", description="request header naming the tier")
+    api_keys: dict[str, str] = Field(
+        default_factory=dict, description="API key (Authorization: Bearer KEY) -> tier, when no tier header"
+    )
+    default_tier: str | None = Field(
+        default=None, description="tier of a request that names none (default: the first tier)"
+    )
+    deadline_header: str = Field(
+        default="x-deadline-s", description="request header: seconds from arrival the client can wait"
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="a tokenizer.json to count prompt tokens in the gateway (path relative to the scenario); "
+        "default: each request's prompt is counted by a backend's /tokenize",
+    )
+    max_body_bytes: int = Field(default=4_000_000, gt=0, description="larger request bodies get a 413")
+    backend_timeout_s: float = Field(
+        default=120.0, gt=0, description="longest silence from a backend mid-request before a 502"
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="longest wait to connect to a backend")
+    stale_after_s: float = Field(
+        default=3.0, gt=0, description="a backend's /metrics unanswered this long counts as stale"
+    )
+    on_stale: Literal["unavailable", "last_known"] = Field(
+        default="unavailable",
+        description="unavailable: a stale backend gets no work and its requests end with a 503; "
+        "last_known: keep routing to it on its last metrics",
+    )
+
+
 class GatewaySpec(Spec):
     replicas: int = Field(
         default=1, gt=0, le=MAX_REPLICAS, description="gateway replicas, each with its own stale view"
@@ -144,6 +177,9 @@ class GatewaySpec(Spec):
         default="max_tokens",
         description="what a request's decode is charged: its max_tokens, or the mean output its tier has "
         "produced so far (capped at max_tokens)",
+    )
+    http: GatewayHttpSpec = Field(
+        default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
     )
 
     @field_validator("poll_interval_s")
@@ -253,6 +289,10 @@ class ScenarioSpec(Spec):
             served |= set(pool.tiers or tiers)
         if tiers - served:
             raise ValueError(f"no pool serves tiers {sorted(tiers - served)}")
+        http = self.gateway.http
+        named = set(http.api_keys.values()) | ({http.default_tier} if http.default_tier else set())
+        if named - tiers:
+            raise ValueError(f"gateway.http names unknown tiers {sorted(named - tiers)}")
         names = [policy_name(p) for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policy names must be unique (set name:), got {names}")

@@ -25,6 +25,12 @@ class AutoscalerConfig:
     scale_down_stabilization_s: float = 300.0
 
 
+def queue_wait_load(in_flight_gpu_s: float, gpus: int, refused_fraction: float) -> float:
+    """The load an autoscaler scales on: in-flight GPU-seconds per GPU, divided by the fraction of attempts
+    admitted, so rejections cannot hide demand (floored at 5% admitted)."""
+    return in_flight_gpu_s / max(gpus, 1) / max(1.0 - refused_fraction, 0.05)
+
+
 class HorizontalAutoscaler:
     def __init__(self, cfg: AutoscalerConfig) -> None:
         self.cfg = cfg

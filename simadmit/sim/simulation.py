@@ -21,7 +21,7 @@ from simadmit.admission.client import Client
 from simadmit.admission.estimator import OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import AdmissionPolicy, Request
-from simadmit.fleet.autoscaler import HorizontalAutoscaler
+from simadmit.fleet.autoscaler import HorizontalAutoscaler, queue_wait_load
 from simadmit.fleet.engine import StepObserver
 from simadmit.fleet.pool import Pool, RequestListener
 from simadmit.sim.ledger import ABANDONED, ABORTED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, Ledger
@@ -274,7 +274,7 @@ class Simulation(RequestListener):
         else:
             tried = attempts - last[1]
             refused = (rejects - last[2]) / tried if tried else 0.0
-            metric = pool.in_flight_gpu_s / max(pool.available_gpus, 1) / max(1.0 - refused, 0.05)
+            metric = queue_wait_load(pool.in_flight_gpu_s, pool.available_gpus, refused)
         current = len(pool.serving) + pool.starting
         desired = scaler.recommend(now, current, metric)
         for _ in range(desired - current):

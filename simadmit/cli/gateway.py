@@ -1,0 +1,88 @@
+"""`simadmit gateway`: run a scenario's admission layer as an HTTP gateway in front of vLLM backends.
+
+The scenario, its `--set` overrides and `--profile` are read and checked exactly as `simulate` reads them,
+so a bad argument prints one line and exits with code 2 before anything listens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from simadmit.cli.common import fail
+from simadmit.config.errors import InputError
+from simadmit.config.loading import load_scenario
+from simadmit.config.overrides import parse_assignments
+from simadmit.config.resources import resolve_scenario
+
+
+def profile_overrides(profiles: list[str], pools: list[str]) -> dict[str, object]:
+    """`--profile PATH` (every pool) or `--profile POOL=PATH` as overrides of the pools' profiles; a path
+    that exists here is made absolute, since the scenario resolves relative paths against its own folder."""
+    out: dict[str, object] = {}
+    for arg in profiles:
+        name, sep, ref = arg.partition("=")
+        if not sep:
+            name, ref = "", arg
+        elif name not in pools:
+            raise InputError([f"--profile {arg}: no pool named {name!r} (pools: {', '.join(pools)})"])
+        if Path(ref).is_file():
+            ref = str(Path(ref).resolve())
+        for i, pool in enumerate(pools):
+            if name in ("", pool):
+                out[f"pools.{i}.profile"] = ref
+    return out
+
+
+def gateway(
+    backend: Annotated[
+        list[str],
+        typer.Option(help="a vLLM backend's base URL (repeat); POOL=URL when the scenario has several pools"),
+    ],
+    scenario: Annotated[
+        Path | None, typer.Option(help="scenario YAML, or a bundled scenario's name (default: the default)")
+    ] = None,
+    profile: Annotated[
+        list[str],
+        typer.Option(help="cost profile for every pool, or POOL=PROFILE (a file or a bundled name)"),
+    ] = [],  # noqa: B006
+    policy: Annotated[
+        str | None,
+        typer.Option(help="which of the scenario's policies (default: its only, else its gpu_seconds)"),
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 9000,
+    set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
+) -> None:
+    """Admit, reject (429 + Retry-After) and proxy OpenAI-compatible requests as the scenario's policy says."""
+    import uvicorn
+
+    from simadmit.serve.app import GatewayServer
+    from simadmit.serve.settings import serve_settings
+
+    try:
+        overrides = parse_assignments(set_)
+        path = resolve_scenario(scenario)
+        spec, base = load_scenario(path, overrides)
+        if profile:
+            overrides |= profile_overrides(profile, [p.name for p in spec.pools])
+            spec, base = load_scenario(path, overrides)
+        settings = serve_settings(spec, base, backend, policy)
+    except InputError as e:
+        fail(e.problems)
+        return
+    server = GatewayServer(settings)
+    typer.echo(
+        f"simadmit gateway on http://{host}:{port}: policy {settings.policy_name}, "
+        + "; ".join(f"{p.name}: {len(p.backends)} backend(s)" for p in server.pools)
+    )
+    # on SIGTERM, requests in flight get 25 s to finish: inside Kubernetes' default 30 s grace period
+    uvicorn.run(
+        server.app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=25
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(gateway)

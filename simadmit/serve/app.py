@@ -1,0 +1,354 @@
+"""GatewayServer: the admission layer the simulator drives, as an HTTP gateway in front of vLLM replicas.
+
+For each OpenAI-compatible request it reads the tier, the deadline and `max_tokens` (`inbound`), counts the
+prompt's tokens with a backend's `/tokenize`, and asks the very `Gateway` object (estimator, policy, view)
+the simulator uses; an admitted request is routed as the scenario says and streamed through (`upstream`),
+a rejected one gets 429 with `Retry-After` and `X-Queue-Predict-Wait`. Every backend's `/metrics` is polled
+each poll interval into the gateway's view (`backends`). Several gateway processes can stand in front of the
+same backends, each with its own view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from simadmit.admission.estimator import OutputLearner
+from simadmit.admission.gateway import TOO_LONG, Gateway
+from simadmit.admission.policies import Decision, Request, retry_after
+from simadmit.calibrate.metrics import parse_gauges
+from simadmit.serve.backends import Backend, LivePool
+from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
+from simadmit.serve.inbound import (
+    CHAT,
+    COMPLETIONS,
+    ClientError,
+    OpenAIRequest,
+    deadline_of,
+    parse_body,
+    tier_of,
+    tokenize_payload,
+)
+from simadmit.serve.settings import ServeSettings
+from simadmit.serve.telemetry import GatewayMetrics
+from simadmit.serve.upstream import Exchange, Failure, Head
+
+NO_BACKEND_RETRY_S = 5.0  # Retry-After when a pool has no backend taking work
+MIN_POLL_S = 0.05  # poll_interval_s 0 (live views) polls this often and refreshes before every decision
+PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
+ERROR_TYPES = {429: "rate_limit_exceeded", 503: "service_unavailable"}
+
+
+def error_body(status: int, message: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "backend_error"),
+            "code": status,
+            **extra,
+        }
+    }
+
+
+class GatewayServer:
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = s = settings
+        world = s.world
+        g = world.gateway
+        learner = OutputLearner() if g.estimate_output == "learned" else None
+        self.gateway = Gateway(
+            s.policy,
+            [p.estimator for p in world.pools],
+            [p.max_request_tokens for p in world.pools],
+            learner,
+        )
+        self.learn = learner is not None
+        self.routing = g.routing
+        self.live = g.poll_interval_s == 0
+        self.poll_s = max(g.poll_interval_s, MIN_POLL_S)
+        self.pools = []
+        for p, urls in zip(world.pools, s.backends, strict=True):
+            served = [world.tier_names[t] for t in p.tiers]
+            prior = sum(p.estimator.estimate(0, s.tier_max_tokens[t]) for t in served) / len(served)
+            self.pools.append(
+                LivePool(
+                    p.name, list(urls), p.gpus_per_replica, p.limits.max_num_seqs, prior, s.http.on_stale
+                )
+            )
+        self.pool_of_tier = {world.tier_names[t]: p for t, p in enumerate(world.pool_of_tier)}
+        self.known_tiers = set(world.tier_names)
+        self.metrics = GatewayMetrics()
+        self.ids = itertools.count()
+        self.started = time.monotonic()
+        self.client: httpx.AsyncClient | None = None
+        self.poll_client: httpx.AsyncClient | None = None
+        self.pollers: list[asyncio.Task[None]] = []
+        self.resolve: Resolver = resolve
+        self.discovery_interval_s = DISCOVERY_INTERVAL_S
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", partial(self.serve, route=COMPLETIONS), methods=["POST"]),
+                Route("/v1/chat/completions", partial(self.serve, route=CHAT), methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"]),
+            ],
+            lifespan=self.lifespan,
+        )
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    # --- start, stop, polling ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        http = self.settings.http
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(http.backend_timeout_s, connect=http.connect_timeout_s, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        )
+        self.poll_client = httpx.AsyncClient(timeout=http.stale_after_s)
+        for p, pool in enumerate(self.pools):
+            self.refresh(p)
+            for b in pool.backends:
+                self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, b)))
+            for name in pool.dns_names:
+                self.pollers.append(asyncio.create_task(self.discovery_loop(p, pool, name)))
+        try:
+            yield
+        finally:
+            for task in self.pollers:
+                task.cancel()
+            await asyncio.gather(*self.pollers, return_exceptions=True)
+            await self.client.aclose()
+            await self.poll_client.aclose()
+
+    async def poll_loop(self, p: int, pool: LivePool, backend: Backend) -> None:
+        assert self.poll_client is not None
+        stale_after = self.settings.http.stale_after_s
+        while not pool.leave(backend):
+            started = time.monotonic()
+            try:
+                response = await self.poll_client.get(f"{backend.url}/metrics")
+                response.raise_for_status()
+                pool.polled(backend, parse_gauges(response.text), self.now())
+            except (httpx.HTTPError, ValueError):
+                pool.poll_failed(backend, self.now(), stale_after)
+            self.refresh(p)
+            await asyncio.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
+
+    async def discovery_loop(self, p: int, pool: LivePool, name: str) -> None:
+        """Re-resolve a DNS name now and then: its new addresses join the pool, vanished ones retire."""
+        while True:
+            urls = await backend_urls(name, self.resolve)
+            self.pollers = [t for t in self.pollers if not t.done()]
+            for backend in pool.join(urls, name):
+                self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, backend)))
+            self.refresh(p)
+            await asyncio.sleep(self.discovery_interval_s)
+
+    def refresh(self, p: int) -> None:
+        """Replace the gateway's view of pool `p` by a snapshot of the latest gauges and the books."""
+        now = self.now()
+        pool = self.pools[p]
+        self.gateway.refresh(p, pool.snapshot(now))
+        self.metrics.view(pool, self.gateway.views[p], now)
+
+    # --- the request path -------------------------------------------------------------------------------
+
+    async def serve(self, request: HttpRequest, route: str) -> Response:
+        arrival = self.now()
+        http = self.settings.http
+        try:
+            raw = await self.read_body(request)
+            tier = tier_of(
+                request.headers, http.tier_header, http.api_keys, self.settings.default_tier, self.known_tiers
+            )
+            deadline = deadline_of(request.headers, http.deadline_header, arrival)
+            body = parse_body(raw, route, self.settings.tier_max_tokens[tier])
+            p = self.pool_of_tier[tier]
+            pool = self.pools[p]
+            if not pool.available():
+                return self.reject(
+                    pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))
+                )
+            prompt_tokens = body.token_ids or await self.count_tokens(pool, body)
+        except ClientError as e:
+            self.metrics.invalid.labels(e.kind).inc()
+            return JSONResponse(error_body(e.status, e.message), status_code=e.status)
+        req = Request(next(self.ids), tier, prompt_tokens, body.max_tokens, arrival, deadline)
+        now = self.now()
+        if self.live:
+            self.refresh(p)
+        decision, estimate = self.gateway.decide(req, p, now)
+        if decision is TOO_LONG:
+            limit = self.gateway.max_request_tokens[p]
+            self.metrics.invalid.labels("too_long").inc()
+            message = (
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({body.max_tokens}) exceeds the model's "
+                f"context of {limit} tokens"
+            )
+            return JSONResponse(error_body(400, message), status_code=400)
+        if not decision.admit:
+            return self.reject(pool, p, tier, decision)
+        backend = pool.route(self.routing)
+        if backend is None:  # every backend went away while the prompt was being counted
+            return self.reject(
+                pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))
+            )
+        self.metrics.decided(pool.name, tier, decision.reason, True, now)
+        return await self.forward(request, body, pool, backend, req, estimate, self.predicted_wait(p))
+
+    def predicted_wait(self, p: int) -> float:
+        view = self.gateway.views[p]
+        return view.in_flight_gpu_s / view.available_gpus if view.available_gpus else float("inf")
+
+    def reject(self, pool: LivePool, p: int, tier: str, decision: Decision) -> Response:
+        self.metrics.decided(pool.name, tier, decision.reason, False, self.now())
+        wait = self.predicted_wait(p)
+        shown = wait if wait != float("inf") else decision.retry_after_s
+        headers = {"Retry-After": str(int(decision.retry_after_s)), "X-Queue-Predict-Wait": f"{shown:.3f}"}
+        message = f"{tier} request rejected: {decision.reason}; retry after {int(decision.retry_after_s)} s"
+        body = error_body(429, message, reason=decision.reason, tier=tier, predicted_wait_s=round(shown, 3))
+        return JSONResponse(body, status_code=429, headers=headers)
+
+    async def read_body(self, request: HttpRequest) -> bytes:
+        limit = self.settings.http.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ClientError(
+                413, f"request body of {declared} bytes exceeds the limit of {limit}", "too_large"
+            )
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ClientError(413, f"request body exceeds the limit of {limit} bytes", "too_large")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def count_tokens(self, pool: LivePool, body: OpenAIRequest) -> int:
+        """The prompt's length: counted locally when a tokenizer is configured, else by a backend's
+        /tokenize (the next backend if one fails)."""
+        if self.settings.tokenizer is not None:
+            return self.settings.tokenizer.count(body)
+        assert self.client is not None
+        payload = tokenize_payload(body)
+        for backend in pool.available():
+            try:
+                response = await self.client.post(f"{backend.url}/tokenize", json=payload, timeout=10.0)
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200:
+                try:
+                    return int(response.json()["count"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+            if 400 <= response.status_code < 500:
+                raise ClientError(400, f"the backend could not tokenize the prompt: {response.text[:300]}")
+        raise ClientError(503, "no backend could count the prompt's tokens", "tokenize_failed")
+
+    async def forward(
+        self,
+        request: HttpRequest,
+        body: OpenAIRequest,
+        pool: LivePool,
+        backend: Backend,
+        req: Request,
+        estimate: float,
+        wait: float,
+    ) -> Response:
+        assert self.client is not None
+        pool.charge(backend, req.tier, estimate)
+        exchange = Exchange(
+            self.client, backend.url + PATHS[body.route], body.body, body.stream, self.learn,
+            partial(self.finished, pool, backend, req, estimate),
+        )  # fmt: skip
+        backend.aborters.add(exchange.abort)
+        headers = {"X-Queue-Predict-Wait": f"{wait:.3f}"}
+        watcher = asyncio.create_task(self.watch_disconnect(request, exchange))
+        try:
+            head = await exchange.next()
+            if isinstance(head, Head) and head.status == 200 and body.stream:
+                watcher.cancel()  # from here the streaming response watches the client itself
+                return StreamingResponse(
+                    exchange.body_chunks(), media_type=head.content_type, headers=headers
+                )
+            rest = head if isinstance(head, Failure) else await exchange.read_rest()
+        finally:
+            watcher.cancel()
+        if isinstance(rest, Failure):
+            return Response(rest.body(), status_code=rest.status, media_type="application/json")
+        assert isinstance(head, Head)
+        return Response(rest, status_code=head.status, media_type=head.content_type, headers=headers)
+
+    @staticmethod
+    async def watch_disconnect(request: HttpRequest, exchange: Exchange) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                exchange.close()
+                return
+
+    def finished(
+        self, pool: LivePool, backend: Backend, req: Request, estimate: float, exchange: Exchange
+    ) -> None:
+        """The backend is done with an admitted request, however it ended: release it from the books."""
+        pool.release(backend, req.tier, estimate)
+        backend.aborters.discard(exchange.abort)
+        if exchange.refused:
+            pool.refused(backend)
+        if exchange.client_gone:
+            self.metrics.client_gone.inc()
+        elif exchange.failure is not None:
+            self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
+        if exchange.completed and exchange.output_tokens is not None:
+            self.gateway.observe_completion(req, exchange.output_tokens)
+
+    # --- the gateway's own endpoints --------------------------------------------------------------------
+
+    async def models(self, _request: HttpRequest) -> Response:
+        assert self.client is not None
+        for pool in self.pools:
+            for backend in pool.available():
+                try:
+                    r = await self.client.get(f"{backend.url}/v1/models", timeout=5.0)
+                except httpx.HTTPError:
+                    continue
+                return Response(r.content, status_code=r.status_code, media_type="application/json")
+        return JSONResponse(error_body(503, "no backend is taking work"), status_code=503)
+
+    async def health(self, _request: HttpRequest) -> Response:
+        pools = {
+            pool.name: {
+                "backends": len(pool.backends),
+                "available": len(pool.available()),
+                "own_in_flight_requests": pool.own_requests,
+            }
+            for pool in self.pools
+        }
+        ok = all(v["available"] for v in pools.values())
+        return Response(
+            json.dumps(
+                {"status": "ok" if ok else "degraded", "policy": self.settings.policy_name, "pools": pools}
+            ),
+            status_code=200 if ok else 503,
+            media_type="application/json",
+        )
+
+    async def prometheus(self, _request: HttpRequest) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

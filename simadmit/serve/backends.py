@@ -1,0 +1,182 @@
+"""A live pool: its vLLM backends, their polled gauges, and the books of the work this gateway sent them.
+
+Each poll reads every backend's `/metrics` gauges (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+`vllm:kv_cache_usage_perc`) and turns them, with this gateway's own books, into the `PoolSnapshot` the
+simulator's pool publishes. vLLM does not publish predicted GPU-seconds, so the snapshot's in-flight work is
+this gateway's own in-flight requests at the estimates it charged, plus the requests a backend holds beyond
+them (other gateways' work) at the mean estimate this gateway has been charging. Between polls the
+`Gateway` object adds its own admits, exactly as in the simulator; work other gateways admitted since the
+last poll stays invisible, which is the staleness the headroom exists for.
+
+A backend is unavailable (no work, no GPUs in the snapshot) while a request to it has just failed to
+connect, until a poll answers again; when its `/metrics` has not answered for `stale_after_s`, the scenario's
+`on_stale` says whether it is unavailable (and its in-flight requests are cut off with a 503) or kept on its
+last known gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from simadmit.admission.gateway import PoolSnapshot
+from simadmit.calibrate.metrics import EngineGauges
+from simadmit.serve.discovery import is_discovered
+
+# how fast the mean charged estimate follows new admits: about the last 50 requests
+ESTIMATE_SMOOTHING = 0.02
+
+
+@dataclass(eq=False)
+class Backend:
+    """One vLLM replica: its address, what its last poll said, and this gateway's work on it."""
+
+    url: str
+    source: str = ""  # the DNS name it was found through, if any
+    gauges: EngineGauges = EngineGauges(0.0, 0.0, 0.0)
+    polled_ok_at: float = float("-inf")  # gateway clock of the last poll that answered
+    refused_until_poll: bool = False  # a request failed to connect: unavailable until a poll answers
+    stale: bool = False  # /metrics unanswered for stale_after_s
+    own_requests: int = 0  # admitted by this gateway, sent here, not finished
+    own_gpu_s: float = 0.0
+    others_at_poll: float = 0.0  # requests the backend held at the last poll beyond this gateway's own
+    retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
+    aborters: set[Callable[[str], None]] = field(default_factory=set)  # cut off its requests, saying why
+
+
+class LivePool:
+    """The backends of one scenario pool and this gateway's books on them."""
+
+    def __init__(
+        self,
+        name: str,
+        urls: list[str],
+        gpus_per_replica: int,
+        max_num_seqs: int,
+        prior_estimate_gpu_s: float,
+        on_stale: str,
+    ) -> None:
+        self.name = name
+        self.backends = [Backend(u) for u in urls if not is_discovered(u)]
+        self.dns_names = [u for u in urls if is_discovered(u)]
+        self.gpus_per_replica = gpus_per_replica
+        self.max_num_seqs = max_num_seqs
+        self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds charged per admit
+        self.keep_stale = on_stale == "last_known"
+        self.own_by_tier: dict[str, float] = {}
+        self.admits_by_tier: dict[str, int] = {}
+        self.peak_own_gpu_s = 0.0
+        self.rr = 0
+
+    # --- availability -----------------------------------------------------------------------------------
+
+    def takes_work(self, backend: Backend) -> bool:
+        """Answering, or stale but kept on its last gauges as the scenario says."""
+        return not (backend.refused_until_poll or backend.retired) and (not backend.stale or self.keep_stale)
+
+    def available(self) -> list[Backend]:
+        return [b for b in self.backends if self.takes_work(b)]
+
+    def join(self, urls: list[str], source: str) -> list[Backend]:
+        """Make the pool's backends found through `source` exactly `urls`: new ones join, missing ones
+        retire. Returns the backends that joined."""
+        known = {b.url: b for b in self.backends if b.source == source}
+        joined = [Backend(u, source=source) for u in urls if u not in known]
+        for url, b in known.items():
+            b.retired = url not in urls
+        self.backends += joined
+        return joined
+
+    def leave(self, backend: Backend) -> bool:
+        """Drop a retired backend once this gateway has nothing left on it; True if it left."""
+        if backend.retired and backend.own_requests == 0:
+            self.backends.remove(backend)
+            return True
+        return False
+
+    def polled(self, backend: Backend, gauges: EngineGauges, now: float) -> None:
+        """A poll of `backend` answered: take its gauges; a refused or stale backend rejoins."""
+        backend.gauges = gauges
+        backend.polled_ok_at = now
+        backend.refused_until_poll = False
+        backend.stale = False
+        backend.others_at_poll = max(0.0, gauges.running + gauges.waiting - backend.own_requests)
+
+    def poll_failed(self, backend: Backend, now: float, stale_after_s: float) -> None:
+        """A poll of `backend` did not answer: once silent for `stale_after_s` it is stale, and unless the
+        scenario keeps stale backends its in-flight requests are cut off."""
+        if now - backend.polled_ok_at >= stale_after_s and not backend.stale:
+            backend.stale = True
+            if not self.keep_stale:
+                self.cut_off(backend)
+
+    def refused(self, backend: Backend) -> None:
+        """A request to `backend` could not connect: no more work for it until a poll answers."""
+        backend.refused_until_poll = True
+
+    @staticmethod
+    def cut_off(backend: Backend) -> None:
+        for abort in list(backend.aborters):
+            abort(f"backend {backend.url} stopped answering; the request was cut off")
+
+    # --- the snapshot -----------------------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> PoolSnapshot:
+        """What the simulator's pool would publish, from the last gauges and this gateway's books."""
+        live = self.available()
+        others = sum(b.others_at_poll for b in live)
+        own = sum(b.own_gpu_s for b in live)
+        others_gpu_s = others * self.mean_estimate
+        by_tier = dict(self.own_by_tier)
+        admitted = sum(self.admits_by_tier.values())
+        if admitted and others_gpu_s:  # other gateways' work, in the mix of tiers this one admits
+            for tier, n in self.admits_by_tier.items():
+                by_tier[tier] = by_tier.get(tier, 0.0) + others_gpu_s * n / admitted
+        running = sum(b.gauges.running for b in live)
+        waiting = sum(b.gauges.waiting for b in live)
+        free = sum(max(0.0, self.max_num_seqs - b.gauges.running - b.gauges.waiting) for b in live)
+        kv = sum(b.gauges.kv_usage for b in live) / len(live) if live else 0.0
+        return PoolSnapshot(
+            now, own + others_gpu_s, by_tier, int(waiting), int(running), int(free), kv,
+            len(live) * self.gpus_per_replica,
+        )  # fmt: skip
+
+    # --- routing and books ------------------------------------------------------------------------------
+
+    def route(self, routing: str) -> Backend | None:
+        """The backend an admitted request goes to (None: none available). least_work: least predicted
+        work (own at its estimates, others' at the mean estimate); least_loaded: fewest requests;
+        round_robin: in turn."""
+        live = self.available()
+        if not live:
+            return None
+        if routing == "round_robin":
+            self.rr = (self.rr + 1) % len(live)
+            return live[self.rr]
+        if routing == "least_loaded":
+            return min(live, key=lambda b: b.own_requests + b.others_at_poll)
+        mean = self.mean_estimate
+        return min(live, key=lambda b: b.own_gpu_s + b.others_at_poll * mean)
+
+    def charge(self, backend: Backend, tier: str, gpu_s: float) -> None:
+        backend.own_requests += 1
+        backend.own_gpu_s += gpu_s
+        self.own_by_tier[tier] = self.own_by_tier.get(tier, 0.0) + gpu_s
+        self.admits_by_tier[tier] = self.admits_by_tier.get(tier, 0) + 1
+        self.mean_estimate += ESTIMATE_SMOOTHING * (gpu_s - self.mean_estimate)
+        self.peak_own_gpu_s = max(self.peak_own_gpu_s, self.own_gpu_s)
+
+    def release(self, backend: Backend, tier: str, gpu_s: float) -> None:
+        backend.own_requests -= 1
+        backend.own_gpu_s = max(0.0, backend.own_gpu_s - gpu_s) if backend.own_requests else 0.0
+        left = self.own_by_tier.get(tier, 0.0) - gpu_s
+        self.own_by_tier[tier] = left if left > 1e-12 else 0.0
+
+    @property
+    def own_gpu_s(self) -> float:
+        """GPU-seconds this gateway admitted to this pool and not yet finished."""
+        return sum(b.own_gpu_s for b in self.backends)
+
+    @property
+    def own_requests(self) -> int:
+        return sum(b.own_requests for b in self.backends)

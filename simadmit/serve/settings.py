@@ -1,0 +1,90 @@
+"""What one live gateway runs: the scenario's world, one of its policies, and each pool's backends.
+
+Built from the same validated scenario `simulate` reads (`build_world`, `build_policy`), so the settings
+`optimize` finds are deployed as they are. The policy is the one named, else the scenario's only policy,
+else its first `gpu_seconds` policy. Backends are given as URLs, or `POOL=URL` when the scenario has
+several pools; every pool needs one. `dns+http://NAME:PORT` stands for every address NAME resolves to (a
+headless Service), re-resolved as pods come and go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simadmit.admission.policies import AdmissionPolicy
+from simadmit.config.errors import InputError
+from simadmit.config.schema import GatewayHttpSpec, GpuSecondsSpec, ScenarioSpec, policy_name
+from simadmit.serve.counting import LocalTokenizer
+from simadmit.sim.world import World, build_policy, build_world
+
+DEFAULT_MAX_TOKENS = 512  # a request without max_tokens, of a tier that names none in the scenario
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    world: World
+    policy_name: str
+    policy: AdmissionPolicy
+    backends: tuple[tuple[str, ...], ...]  # per pool
+    http: GatewayHttpSpec
+    tier_max_tokens: dict[str, int]  # what a request that names no max_tokens is charged and capped at
+    default_tier: str
+    tokenizer: LocalTokenizer | None = None  # None: count with a backend's /tokenize
+
+
+def pick_policy(spec: ScenarioSpec, name: str | None) -> str:
+    names = [policy_name(p) for p in spec.policies]
+    if name is not None:
+        if name not in names:
+            raise InputError(
+                [f"--policy: no policy named {name!r} in the scenario (it has {', '.join(names)})"]
+            )
+        return name
+    if len(names) == 1:
+        return names[0]
+    for p in spec.policies:
+        if isinstance(p, GpuSecondsSpec):
+            return policy_name(p)
+    raise InputError([f"--policy: the scenario has several policies, name one of {', '.join(names)}"])
+
+
+def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str, ...], ...]:
+    """Each pool's backend URLs from `URL` (a single pool) or `POOL=URL` arguments."""
+    pools = [p.name for p in spec.pools]
+    found: dict[str, list[str]] = {name: [] for name in pools}
+    problems = []
+    for arg in backends:
+        name, sep, url = arg.partition("=")
+        if not sep:
+            name, url = pools[0], arg
+            if len(pools) > 1:
+                problems.append(f"--backend {arg}: the scenario has several pools, write POOL=URL")
+                continue
+        if name not in found:
+            problems.append(f"--backend {arg}: no pool named {name!r} (pools: {', '.join(pools)})")
+        elif not url.startswith(("http://", "https://", "dns+http://", "dns+https://")):
+            problems.append(f"--backend {arg}: the URL must start with http://, https:// or dns+http://")
+        else:
+            found[name].append(url.rstrip("/"))
+    problems += [f"--backend: pool {n!r} has no backend" for n, urls in found.items() if not urls]
+    if problems:
+        raise InputError(problems)
+    return tuple(tuple(found[n]) for n in pools)
+
+
+def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None) -> ServeSettings:
+    world = build_world(spec, base)
+    chosen = pick_policy(spec, policy)
+    (policy_spec,) = [p for p in spec.policies if policy_name(p) == chosen]
+    http = spec.gateway.http
+    return ServeSettings(
+        world=world,
+        policy_name=chosen,
+        policy=build_policy(policy_spec),
+        backends=assign_backends(spec, backends),
+        http=http,
+        tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
+        default_tier=http.default_tier or spec.workload.tiers[0].name,
+        tokenizer=LocalTokenizer(base / http.tokenizer) if http.tokenizer else None,
+    )

@@ -112,7 +112,13 @@ async def _run_plan(
             "[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]"
         )
     prompts = PromptMaker(pool, random.Random())  # unseeded: no prompt may repeat one the server has cached
-    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    cells = plan_cells(
+        endpoint.max_model_len,
+        cache.capacity_tokens,
+        cfg.max_concurrency,
+        cfg.budget_s,
+        cfg.max_num_batched_tokens,
+    )
     overhead = OverheadMonitor()
     sampler = MetricsSampler(client, endpoint.base_url)
     with MeasurementLog(csv_path) as log:
@@ -241,7 +247,13 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         raise InputError([problem(csv_path, None, "no successful measurements to fit")])
     fit = fit_step_model(obs)
     warnings = fit_warnings(fit, obs)
-    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    cells = plan_cells(
+        endpoint.max_model_len,
+        cache.capacity_tokens,
+        cfg.max_concurrency,
+        cfg.budget_s,
+        cfg.max_num_batched_tokens,
+    )
     faults = dict(runner.stats.faults)
     extra = {
         "discarded_as_burst_delivery": discarded,

@@ -32,11 +32,11 @@ from simadmit.config.errors import InputError, problem
 PHASE_SHARES = {
     "warmup": 0.04,
     "prefill": 0.30,
-    "decode": 0.34,
-    "mixed": 0.12,
-    "saturation": 0.15,
+    "decode": 0.40,
+    "mixed": 0.08,
+    "saturation": 0.13,
 }  # the rest: drain tails
-MIXED_CONCURRENCY = 4  # long prompts joining a small decoding batch
+MIXED_CONCURRENCY = 2  # each request decodes while the other's long prompt is prefilled
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +81,11 @@ def prefill_lengths(
 def mixed_prompts(
     max_model_len: int, token_budget: int, output_tokens: int, kv_per_seq: int
 ) -> tuple[int, ...]:
-    """Long prompts for the mixed cell: half a step's token budget, and one and a half (chunked) when the
-    context allows; within the context and the KV share of each sequence."""
+    """Long prompts for the mixed cell: half a step's token budget and, when the context takes it, one and a
+    half (prefilled in two chunks); within the context and each sequence's share of the KV cache."""
     longest = max(16, min(max_model_len, kv_per_seq) - output_tokens)
-    return tuple(sorted({min(longest, token_budget // 2), min(longest, token_budget + token_budget // 2)}))
+    chunked = token_budget + token_budget // 2
+    return tuple(sorted({min(longest, token_budget // 2)} | ({chunked} if chunked <= longest else set())))
 
 
 def plan_cells(

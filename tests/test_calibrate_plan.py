@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
 
 from simadmit.calibrate.phases import concurrency_levels, plan_cells, prefill_lengths
 from simadmit.calibrate.prompts import PromptMaker
+from simadmit.calibrate.workload_mix import workload_prompt_lengths
+from simadmit.cli import app
+from simadmit.config.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_concurrency_levels_double_up_to_the_maximum() -> None:
@@ -71,3 +80,27 @@ def test_text_prompts_learn_the_tokens_per_word_ratio_from_the_server() -> None:
         assert isinstance(prompt, str)
         maker.observe(prompt, 2 * len(prompt.split()))
     assert abs(len(str(maker.make(200)).split()) - 100) <= 2
+
+
+def test_workload_prompt_lengths_join_the_prefill_sweep() -> None:
+    """A scenario's prompt-length quantiles join the sweep's geometric lengths (those the context takes)."""
+    mix = workload_prompt_lengths(ROOT / "scenarios" / "default.yaml")
+    assert len(mix) >= 4 and list(mix) == sorted(mix)
+    sweep = plan_cells(8192, 400000, 8, 120, token_budget=4096, workload_prompts=mix)[1]
+    assert set(p for p in mix if p < 8192) <= set(sweep.prompt_tokens)
+    assert set(prefill_lengths(8192, 4096)) <= set(sweep.prompt_tokens)
+    assert max(sweep.prompt_tokens) < 8192
+    assert sweep.min_requests == len(sweep.prompt_tokens)
+
+
+def test_a_bad_workload_scenario_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workload: {rate: -1}\n")
+    with pytest.raises(InputError):
+        workload_prompt_lengths(bad)
+    result = CliRunner().invoke(
+        app, ["calibrate", "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "p.yaml"),
+              "--workload", str(bad)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert str(bad) in result.output and "Traceback" not in result.output

@@ -94,9 +94,11 @@ def plan_cells(
     max_concurrency: int,
     budget_s: float,
     token_budget: int = 8192,
+    workload_prompts: tuple[int, ...] = (),
 ) -> list[Cell]:
     """The whole calibration as cells in execution order (see module docstring); `token_budget` is the
-    server's max_num_batched_tokens."""
+    server's max_num_batched_tokens; `workload_prompts`, lengths of the user's own traffic, join the prefill
+    sweep (those the context takes)."""
     c_max = max_concurrency
     out_tokens = min(
         max(64, 4 * c_max), max_model_len // 4
@@ -108,7 +110,12 @@ def plan_cells(
     sat_prompt = max(decode_prompt, min(max_model_len // 4, 1024, kv_per_seq))
     levels = concurrency_levels(c_max)
     per_level = budget_s * PHASE_SHARES["decode"] / len(levels)
-    lengths = prefill_lengths(max_model_len, token_budget)
+    lengths = tuple(
+        sorted(
+            set(prefill_lengths(max_model_len, token_budget))
+            | {p for p in workload_prompts if p < max_model_len}
+        )
+    )
     c_mixed = min(MIXED_CONCURRENCY, c_max)
     mixed_out = min(32, max_model_len // 8)
     mixed = mixed_prompts(max_model_len, token_budget, mixed_out, int(0.9 * kv_capacity_tokens / c_mixed))

@@ -116,6 +116,8 @@ def test_held_out_points_are_left_out_and_reported_by_phase_and_band() -> None:
     assert all(q.median_residual == pytest.approx(-0.5) for q in fit.held_out.values())
     report = fit.report()["held_out"]
     assert report["prefill"]["4096-16383"]["points"] == 3  # type: ignore[index]
+    warnings = fit_warnings(fit, obs + wrong)
+    assert any("held-out prefill points with 4096-16383 prompt tokens off by 50%" in w for w in warnings)
 
 
 def test_prompt_bands() -> None:

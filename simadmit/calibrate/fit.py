@@ -388,4 +388,10 @@ def fit_warnings(
                 f"poor fit: {name} predictions off by {p.median_abs_residual:.0%} (median), "
                 f"more than {limits.max_median_abs_residual:.0%}"
             )
+    for (name, band), p in fit.held_out.items():
+        if p.n >= limits.min_phase_points and p.median_abs_residual > limits.max_median_abs_residual:
+            out.append(
+                f"poor fit: held-out {name} points with {band} prompt tokens off by {p.median_abs_residual:.0%} "
+                f"(median), more than {limits.max_median_abs_residual:.0%}"
+            )
     return out

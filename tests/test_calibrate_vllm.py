@@ -209,16 +209,19 @@ def test_fit_predicts_held_out_ttft_and_inter_token_latency(
 
 
 # A lone long prompt's TTFT at an idle server, predicted by the engine's own cost (chunked steps with their
-# attention, no TTFT offset), against the median of repeats. Repeats at one length spread by about 5% within a
-# session here; a model without the attention term is 20-30% short at 1,800 tokens.
+# attention, no TTFT offset), against the median of five repeats. On a quiet machine repeats at one length
+# spread by about 10%, and the attention model fitted to a whole calibration priced its 1,536-token prompts
+# within 1% of their median (the linear model: 21% short) and its held-out ones within 6%. A machine shared with
+# other CPU-bound work slows the server by up to 2.5x from minute to minute, and then this check can fail
+# without the model being wrong: look at the spread it prints.
 LONG_PROMPT_TOLERANCE = 0.15
 
 
 def test_long_prompt_ttft_at_an_idle_server(calibrated: Calibrated, vllm_server: VllmServer) -> None:
     """An 1,800-token prompt (a length the calibration never sent) alone on the server: the profile's step
-    model, charged as the simulated engine charges it, predicts its median TTFT over four repeats within 15%."""
+    model, charged as the simulated engine charges it, predicts its median TTFT over five repeats within 15%."""
     prompt = 1800
-    attempts = asyncio.run(_measure(vllm_server, prompt, 1, 1, 4))
+    attempts = asyncio.run(_measure(vllm_server, prompt, 1, 1, 5))
     measured = [a.ttft_s for a in attempts]
     predicted = lone_prefill_s(calibrated.profile.step_time, prompt, MAX_NUM_BATCHED_TOKENS)
     error = predicted / statistics.median(measured) - 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import simpy
 
 from simadmit.calibrate.client import Endpoint
 from simadmit.calibrate.fit import (
@@ -26,6 +27,7 @@ from simadmit.calibrate.measurements import Measurement
 from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.run import CalibrationConfig, build_profile
 from simadmit.config.profile import StepTimeModel, load_profile, save_profile
+from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener
 
 # overhead, prefill, decode seq, context, attention pair, TTFT offset
 TRUE = np.array([0.030, 1.5e-3, 0.4e-3, 1.0e-6, 0.12e-6, 0.012])
@@ -207,3 +209,26 @@ def test_poor_fit_profile_is_written_with_its_warning(tmp_path: Path) -> None:
     assert "# WARNING: poor fit" in text
     loaded = load_profile(cfg.out)
     assert loaded.warnings == tuple(warnings) and loaded.kv_capacity_tokens == 93184
+
+
+class _FirstToken(EngineListener):
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}
+
+    def on_first_token(self, rid: int, now: float) -> None:
+        self.at[rid] = now
+
+
+@pytest.mark.parametrize("prompt", [16, 1536, 2048, 5000])
+def test_the_fitted_prefill_cost_is_what_the_simulated_engine_charges(prompt: int) -> None:
+    """A lone prompt's TTFT in the simulated engine (chunked at a 2,048-token budget, attention per chunk)
+    equals the fit's own prediction of it, so the coefficients fitted are the coefficients charged."""
+    step = StepTimeModel(*TRUE[:5])
+    env = simpy.Environment()
+    listener = _FirstToken()
+    engine = BatchingEngine(env, 0, step, BatchLimits(128, 2048, 100_000, 16), listener)
+    engine.submit(0, prompt, 1)
+    env.run()
+    fit_view = float(np.dot(ttft_observation(prompt, 2048).features(), [*TRUE[:5], 0.0]))
+    assert listener.at[0] == pytest.approx(fit_view, rel=1e-9)
+    assert listener.at[0] == pytest.approx(lone_prefill_s(step, prompt, 2048), rel=1e-9)

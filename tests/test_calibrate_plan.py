@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
 
 from simadmit.calibrate.phases import concurrency_levels, plan_cells, prefill_lengths
 from simadmit.calibrate.prompts import PromptMaker
+from simadmit.calibrate.workload_mix import workload_prompt_lengths
+from simadmit.cli import app
+from simadmit.config.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_concurrency_levels_double_up_to_the_maximum() -> None:
@@ -15,25 +24,44 @@ def test_concurrency_levels_double_up_to_the_maximum() -> None:
     assert concurrency_levels(12) == [1, 2, 4, 8, 12]
 
 
-def test_prefill_lengths_span_short_to_three_quarters_of_the_context() -> None:
-    lengths = prefill_lengths(2048)
-    assert lengths[0] == 16 and lengths[-1] == 1536 and len(lengths) == 8
+def test_prefill_lengths_span_short_to_the_whole_context() -> None:
+    lengths = prefill_lengths(2048, token_budget=2048)
+    assert lengths[0] == 16 and lengths[-1] == 2047 and len(lengths) == 8  # 2,047 prompt + 1 output token
     assert list(lengths) == sorted(set(lengths))
-    assert (
-        prefill_lengths(131072)[-1] == 32768
-    )  # capped: a linear model of 100k-token prefills is not the goal
+
+
+def test_prompts_longer_than_the_token_budget_are_swept_in_chunks() -> None:
+    """A 128k context with an 8,192-token step budget: up to the whole context, and at least two lengths that
+    take several steps; with a budget as large as the context, none can be chunked."""
+    lengths = prefill_lengths(131072, token_budget=8192)
+    assert lengths[-1] == 131071
+    assert sum(p > 8192 for p in lengths) >= 2
+    assert 12288 in lengths
 
 
 def test_plan_fits_the_budget_the_context_and_the_kv_cache() -> None:
-    cells = plan_cells(max_model_len=2048, kv_capacity_tokens=93184, max_concurrency=16, budget_s=600)
-    assert [c.phase for c in cells] == ["warmup", "prefill"] + ["decode"] * 5 + ["saturation"]
+    cells = plan_cells(
+        max_model_len=2048, kv_capacity_tokens=93184, max_concurrency=16, budget_s=600, token_budget=2048
+    )
+    assert [c.phase for c in cells] == ["warmup", "prefill"] + ["decode"] * 5 + ["mixed", "saturation"]
     assert sum(c.budget_s for c in cells) <= 600
     for c in cells:
         assert max(c.prompt_tokens) + c.output_tokens <= 2048
     sat = cells[-1]
     assert sat.concurrency == 16 and sat.concurrency * (sat.prompt_tokens[0] + sat.output_tokens) <= 93184
-    small_kv = plan_cells(max_model_len=8192, kv_capacity_tokens=20000, max_concurrency=16, budget_s=600)[-1]
-    assert small_kv.concurrency * (small_kv.prompt_tokens[0] + small_kv.output_tokens) <= 20000
+    small_kv = plan_cells(max_model_len=8192, kv_capacity_tokens=20000, max_concurrency=16, budget_s=600)
+    for c in small_kv[-2:]:
+        assert c.concurrency * (max(c.prompt_tokens) + c.output_tokens) <= 20000
+
+
+def test_mixed_cell_joins_long_prompts_to_a_decoding_batch() -> None:
+    """Long prompts (half a step's budget, and one and a half steps' when the context allows) at concurrency 2
+    with enough output tokens that each request decodes while the other prefills."""
+    mixed = plan_cells(131072, 400000, 64, 480, token_budget=8192)[-2]
+    assert (mixed.phase, mixed.concurrency, mixed.prompt_tokens) == ("mixed", 2, (4096, 12288))
+    assert mixed.output_tokens >= 16
+    short_context = plan_cells(2048, 93184, 8, 90, token_budget=2048)[-2]
+    assert short_context.prompt_tokens == (1024,)
 
 
 def test_token_prompts_are_exact_and_unique() -> None:
@@ -52,3 +80,27 @@ def test_text_prompts_learn_the_tokens_per_word_ratio_from_the_server() -> None:
         assert isinstance(prompt, str)
         maker.observe(prompt, 2 * len(prompt.split()))
     assert abs(len(str(maker.make(200)).split()) - 100) <= 2
+
+
+def test_workload_prompt_lengths_join_the_prefill_sweep() -> None:
+    """A scenario's prompt-length quantiles join the sweep's geometric lengths (those the context takes)."""
+    mix = workload_prompt_lengths(ROOT / "scenarios" / "default.yaml")
+    assert len(mix) >= 4 and list(mix) == sorted(mix)
+    sweep = plan_cells(8192, 400000, 8, 120, token_budget=4096, workload_prompts=mix)[1]
+    assert set(p for p in mix if p < 8192) <= set(sweep.prompt_tokens)
+    assert set(prefill_lengths(8192, 4096)) <= set(sweep.prompt_tokens)
+    assert max(sweep.prompt_tokens) < 8192
+    assert sweep.min_requests == len(sweep.prompt_tokens)
+
+
+def test_a_bad_workload_scenario_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workload: {rate: -1}\n")
+    with pytest.raises(InputError):
+        workload_prompt_lengths(bad)
+    result = CliRunner().invoke(
+        app, ["calibrate", "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "p.yaml"),
+              "--workload", str(bad)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert str(bad) in result.output and "Traceback" not in result.output

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simadmit.calibrate.client import Attempt, discover, stream_completion, tokenize
-from simadmit.calibrate.fit import decode_step_s, observations
+from simadmit.calibrate.fit import decode_step_s, lone_prefill_s, observations
 from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
@@ -138,7 +138,8 @@ def test_profile_reports_its_fit(calibrated: Calibrated) -> None:
     assert p.step_time.overhead_s > 0 and p.step_time.per_prefill_token_s > 0
     fit = p.fit
     assert {"points", "r2", "phases", "ttft_offset_s", "client_overhead", "faults_retried"} <= set(fit)
-    assert {"prefill", "decode", "saturation"} <= set(fit["phases"])  # type: ignore[arg-type]
+    assert {"prefill", "decode", "mixed", "saturation"} <= set(fit["phases"])  # type: ignore[arg-type]
+    assert "prefill" in fit["held_out"]  # type: ignore[operator]  # every fifth request, reported by band
     assert fit["r2"] > 0.8  # type: ignore[operator]
     assert "R^2" in calibrated.resumed.stdout and "client overhead" in calibrated.resumed.stdout
 
@@ -184,7 +185,8 @@ def test_fit_predicts_held_out_ttft_and_inter_token_latency(
     decode steps of the batch plus the prefills of batch-mates that started during a request's decode."""
     p = calibrated.profile
     coef = (p.step_time.overhead_s, p.step_time.per_prefill_token_s, p.step_time.per_decode_seq_s,
-            p.step_time.per_context_token_s, float(p.fit["ttft_offset_s"]))  # type: ignore[arg-type]  # fmt: skip
+            p.step_time.per_context_token_s, p.step_time.per_prefill_attention_s,
+            float(p.fit["ttft_offset_s"]))  # type: ignore[arg-type]  # fmt: skip
     report = []
     for prompt in (300, 1100):
         rows = as_rows(asyncio.run(_measure(vllm_server, prompt, 1, 1, 4)), "prefill", 1, prompt, 1)
@@ -204,6 +206,27 @@ def test_fit_predicts_held_out_ttft_and_inter_token_latency(
     for kind, prompt, c, pred, meas, err in errors:
         print(f"{kind} prompt={prompt} c={c}: predicted {pred:.4f}s measured {meas:.4f}s error {err:+.1%}")
     assert all(abs(e[-1]) <= (TTFT_TOLERANCE if e[0] == "ttft" else ITL_TOLERANCE) for e in errors), errors
+
+
+# A lone long prompt's TTFT at an idle server, predicted by the engine's own cost (chunked steps with their
+# attention, no TTFT offset), against the median of five repeats. On a quiet machine repeats at one length
+# spread by about 10%, and the attention model fitted to a whole calibration priced its 1,536-token prompts
+# within 1% of their median (the linear model: 21% short) and its held-out ones within 6%. A machine shared with
+# other CPU-bound work slows the server by up to 2.5x from minute to minute, and then this check can fail
+# without the model being wrong: look at the spread it prints.
+LONG_PROMPT_TOLERANCE = 0.15
+
+
+def test_long_prompt_ttft_at_an_idle_server(calibrated: Calibrated, vllm_server: VllmServer) -> None:
+    """An 1,800-token prompt (a length the calibration never sent) alone on the server: the profile's step
+    model, charged as the simulated engine charges it, predicts its median TTFT over five repeats within 15%."""
+    prompt = 1800
+    attempts = asyncio.run(_measure(vllm_server, prompt, 1, 1, 5))
+    measured = [a.ttft_s for a in attempts]
+    predicted = lone_prefill_s(calibrated.profile.step_time, prompt, MAX_NUM_BATCHED_TOKENS)
+    error = predicted / statistics.median(measured) - 1
+    print(f"ttft prompt={prompt}: predicted {predicted:.3f}s measured {sorted(measured)} error {error:+.1%}")
+    assert abs(error) <= LONG_PROMPT_TOLERANCE, (predicted, measured)
 
 
 def test_poor_fit_is_written_with_a_warning(vllm_server: VllmServer, tmp_path: Path) -> None:

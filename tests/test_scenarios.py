@@ -144,7 +144,9 @@ def test_mooncake_long_context_is_kv_bound() -> None:
     wait = {
         v: s[f"{v}/unconditional"]["chat"]["queue_wait_mean_s"] for v in ("base", "more_kv", "more_compute")
     }
-    assert wait["more_kv"] < wait["base"] / 3
+    # with prefill attention priced (a 85k-token prompt costs ~6 s of compute on this profile), compute limits
+    # too: doubling the KV cache cuts the wait ~2.5x, still well ahead of doubling compute
+    assert wait["more_kv"] < wait["base"] / 2
     assert wait["more_kv"] < wait["more_compute"]
     preemptions = r.requests.groupby("policy")["preemptions"].mean()
     assert preemptions["base/unconditional"] > 2 * preemptions["more_kv/unconditional"]

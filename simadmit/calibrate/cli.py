@@ -27,6 +27,7 @@ from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import EndpointLost, RunnerSettings
 from simadmit.calibrate.report import print_calibration
 from simadmit.calibrate.run import CalibrationConfig, calibrate
+from simadmit.calibrate.workload_mix import workload_prompt_lengths
 from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile
@@ -107,6 +108,12 @@ def calibrate_command(
         int, typer.Option(min=1, help="the server's --max-num-batched-tokens (not visible over HTTP)")
     ] = 8192,
     resume: Annotated[bool, typer.Option(help="continue the measurements CSV of an interrupted run")] = False,
+    workload: Annotated[
+        Path | None,
+        typer.Option(
+            help="scenario YAML whose prompt lengths join the prefill sweep (weights it like your mix)"
+        ),
+    ] = None,
     launch: Annotated[
         str | None,
         typer.Option(help="start vLLM serving this model on loopback, calibrate, stop it; args after --"),
@@ -150,6 +157,7 @@ def calibrate_command(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             runner=RunnerSettings(request_timeout_s=parse_duration(request_timeout, "--request-timeout")),
+            workload_prompts=workload_prompt_lengths(workload) if workload else (),
         )
         console = Console(stderr=False)
         if launch is None:

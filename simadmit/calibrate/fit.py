@@ -1,16 +1,19 @@
 """Least-squares fit of the step-time model to measured TTFTs and inter-token latencies.
 
 Each measurement becomes a sum of engine steps, which is linear in the model's coefficients:
-- a prefill-sweep request (concurrency 1, one output token) has TTFT = ceil(P / token budget) steps that
-  compute P prompt tokens, plus an offset: the latency outside the engine (HTTP, tokenisation), and the
-  intercept of a straight line through a cost that grows faster than linearly with P (attention);
+- a prefill-sweep request (concurrency 1, one output token) has TTFT = the steps that compute its P prompt
+  tokens in chunks of at most the token budget, each chunk attending to the context before it and to itself
+  (`prefill_attention_pairs`), plus an offset: the latency outside the engine (HTTP, tokenisation);
 - a decode request at concurrency c spends output - 1 steps between its first and last token, each decoding
-  c sequences that hold c * (prompt + half the output) tokens of context, plus any prompt tokens of other
-  requests prefilled meanwhile.
-The TTFT offset is a fifth, nuisance coefficient, free in sign, so neither effect leaks into the step
-overhead, which the decode windows pin down.
+  c sequences that hold c * (prompt + half the output) tokens of context, plus the prompt tokens (and their
+  attention) of other requests prefilled meanwhile.
+The TTFT offset is a sixth, nuisance coefficient, free in sign, so it does not leak into the step overhead,
+which the decode windows pin down. The five step coefficients are exactly those the simulated engine charges.
 Rows are weighted by 1/observed so a 0.2 s TTFT counts as much as a 5 s decode window (the fit minimises relative
 error), and coefficients are constrained to be non-negative, as the profile requires.
+
+Every fifth request of each calibration cell is held out of the fit; the fit's error on those points is reported
+per phase and per prompt-length band, so a model that only interpolates its own points shows it.
 """
 
 from __future__ import annotations
@@ -19,21 +22,23 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from simadmit.calibrate.measurements import Measurement
-from simadmit.config.profile import StepTimeModel
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
 
 COEFFICIENTS = (
     "overhead_s",
     "per_prefill_token_s",
     "per_decode_seq_s",
     "per_context_token_s",
+    "per_prefill_attention_s",
     "ttft_offset_s",
 )
-FITTED_PHASES = ("prefill", "decode", "saturation")
+FITTED_PHASES = ("prefill", "decode", "mixed", "saturation")
+HOLDOUT_EVERY = 5  # request seq % 5 == 4 of each cell is held out
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +50,50 @@ class Observation:
     prefill_tokens: float
     decode_seqs: float
     context_tokens: float
+    attention_pairs: float
     requests: float
     seconds: float
+    prompt_tokens: int = 0  # of the measured request: its prompt-length band
+    held_out: bool = False
 
-    def features(self) -> tuple[float, float, float, float, float]:
-        return (self.steps, self.prefill_tokens, self.decode_seqs, self.context_tokens, self.requests)
+    def features(self) -> tuple[float, float, float, float, float, float]:
+        return (
+            self.steps,
+            self.prefill_tokens,
+            self.decode_seqs,
+            self.context_tokens,
+            self.attention_pairs,
+            self.requests,
+        )
+
+
+def prefill_chunks(prompt_tokens: int, token_budget: int) -> list[tuple[int, int]]:
+    """(chunk, offset) of each step that prefills a lone prompt, as the engine chunks it at the token budget."""
+    return [
+        (min(token_budget, prompt_tokens - offset), offset)
+        for offset in range(0, max(1, prompt_tokens), token_budget)
+    ]
+
+
+def lone_prefill_s(step: StepTimeModel, prompt_tokens: int, token_budget: int) -> float:
+    """Engine time to prefill one prompt at an idle server: the sum of its chunks' step times, as simulated."""
+    return sum(
+        step.step_time(chunk, 0, offset + chunk, prefill_attention_pairs(chunk, offset))
+        for chunk, offset in prefill_chunks(prompt_tokens, token_budget)
+    )
 
 
 def ttft_observation(
     prompt_tokens: int, token_budget: int, seconds: float = math.nan, phase: str = "prefill"
 ) -> Observation:
     """TTFT of a lone request: its prompt prefilled in chunks of at most `token_budget` tokens; each chunk's
-    step holds the context computed so far."""
-    chunks = max(1, math.ceil(prompt_tokens / token_budget))
-    context = sum(min((k + 1) * token_budget, prompt_tokens) for k in range(chunks))
-    return Observation(phase, chunks, prompt_tokens, 0.0, context, 1.0, seconds)
+    step holds the context computed so far and attends to it."""
+    chunks = prefill_chunks(prompt_tokens, token_budget)
+    context = sum(offset + chunk for chunk, offset in chunks)
+    pairs = sum(prefill_attention_pairs(chunk, offset) for chunk, offset in chunks)
+    return Observation(
+        phase, len(chunks), prompt_tokens, 0.0, context, pairs, 1.0, seconds, prompt_tokens=prompt_tokens
+    )
 
 
 def decode_observation(
@@ -69,13 +103,25 @@ def decode_observation(
     interfering_prompt_tokens: float = 0.0,
     seconds: float = math.nan,
     phase: str = "decode",
+    interfering_attention_pairs: float = 0.0,
 ) -> Observation:
     """The decode window of one request (first to last token: output - 1 steps) in a batch of `concurrency`
-    sequences, each holding its prompt and half its output on average, plus the prompt tokens of other
-    requests whose prefill ran inside the window (chunked prefill mixes them into the decode steps)."""
+    sequences, each holding its prompt and half its output on average, plus the prompt tokens (and their
+    attention pairs) of other requests whose prefill ran inside the window (chunked prefill mixes them into
+    the decode steps)."""
     steps = output_tokens - 1
     context = steps * concurrency * (prompt_tokens + output_tokens / 2) + interfering_prompt_tokens
-    return Observation(phase, steps, interfering_prompt_tokens, steps * concurrency, context, 0.0, seconds)
+    return Observation(
+        phase,
+        steps,
+        interfering_prompt_tokens,
+        steps * concurrency,
+        context,
+        interfering_attention_pairs,
+        0.0,
+        seconds,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 def _typical(
@@ -94,25 +140,39 @@ def _typical(
     return keep
 
 
+def held_out(row: Measurement) -> bool:
+    """Whether a request is kept out of the fit to measure its error (every fifth of each cell)."""
+    return row.seq % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+
+
 def observations(
     rows: Sequence[Measurement], token_budget: int, band: float = 2.0
 ) -> tuple[list[Observation], int]:
     """The fit's data from successful rows, and how many were set aside as delivery artifacts.
 
-    Prefill-sweep rows give their TTFT; decode and saturation rows their decode window, timed from first to
-    last token so chunks arriving in bursts do not matter; prefills of other requests inside a window are
-    found from their first-token times.
+    Prefill-sweep rows give their TTFT; decode, mixed and saturation rows their decode window, timed from
+    first to last token so chunks arriving in bursts do not matter; prefills of other requests inside a
+    window are found from their first-token times. Each observation says whether its request is held out.
     """
     ok = [r for r in rows if r.ok]
     first_token = np.array([r.start_unix_s + r.ttft_s for r in ok])
     order = np.argsort(first_token)
     first_sorted = first_token[order]
     prompt_cumsum = np.concatenate(([0.0], np.cumsum([ok[i].prompt_tokens for i in order])))
+    pairs_cumsum = np.concatenate(
+        (
+            [0.0],
+            np.cumsum([ttft_observation(ok[i].prompt_tokens, token_budget).attention_pairs for i in order]),
+        )
+    )
     prefill = [r for r in ok if r.phase == "prefill" and r.ttft_s > 0]
     decode = [r for r in ok if r.phase in FITTED_PHASES[1:] and r.output_tokens > 2 and r.itl_mean_s > 0]
     kept_prefill = _typical(prefill, lambda r: r.ttft_s, band)
     kept_decode = _typical(decode, lambda r: r.itl_mean_s, band)
-    out = [ttft_observation(r.prompt_tokens, token_budget, r.ttft_s) for r in kept_prefill]
+    out = [
+        replace(ttft_observation(r.prompt_tokens, token_budget, r.ttft_s), held_out=held_out(r))
+        for r in kept_prefill
+    ]
     for r in kept_decode:
         t0 = r.start_unix_s + r.ttft_s
         window = r.itl_mean_s * (r.output_tokens - 1)
@@ -120,10 +180,16 @@ def observations(
         # apart: only first tokens at least half a step later (up to half a step after the last) interfere.
         half_step = r.itl_mean_s / 2
         lo, hi = np.searchsorted(first_sorted, [t0 + half_step, t0 + window + half_step], side="right")
-        interfering = float(prompt_cumsum[hi] - prompt_cumsum[lo])
-        out.append(
-            decode_observation(r.concurrency, r.prompt_tokens, r.output_tokens, interfering, window, r.phase)
+        o = decode_observation(
+            r.concurrency,
+            r.prompt_tokens,
+            r.output_tokens,
+            float(prompt_cumsum[hi] - prompt_cumsum[lo]),
+            window,
+            r.phase,
+            float(pairs_cumsum[hi] - pairs_cumsum[lo]),
         )
+        out.append(replace(o, held_out=held_out(r)))
     discarded = len(prefill) + len(decode) - len(out)
     return out, discarded
 
@@ -137,7 +203,7 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, free: Sequence[int] 
     """argmin |a x - b| subject to x >= 0 except for the `free` columns, for a handful of columns.
 
     The constrained optimum is the unconstrained least-squares solution on its own support, so trying every
-    support of the constrained columns (2^4 = 16 here) and keeping the best feasible one is exact, and
+    support of the constrained columns (2^5 = 32 here) and keeping the best feasible one is exact, and
     plainly correct.
     """
     n = a.shape[1]
@@ -162,15 +228,45 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, free: Sequence[int] 
     return best / scale
 
 
+def prompt_band(prompt_tokens: int) -> str:
+    """Prompt-length band of a request, by factors of four from 256 tokens: '<256', '256-1023', ..."""
+    if prompt_tokens < 256:
+        return "<256"
+    lo = 256
+    while prompt_tokens >= 4 * lo:
+        lo *= 4
+    return f"{lo}-{4 * lo - 1}"
+
+
 @dataclass(frozen=True, slots=True)
 class PhaseFit:
-    """Fit quality on one phase's points: relative residuals (predicted/measured - 1) and R^2."""
+    """Fit quality on a set of points: relative residuals (predicted/measured - 1) and R^2."""
 
     n: int
-    r2: float | None  # None when the phase's measured values do not vary
+    r2: float | None  # None when the measured values do not vary
     median_residual: float
     median_abs_residual: float
     max_abs_residual: float
+
+    def report(self) -> dict[str, object]:
+        return {
+            "points": self.n,
+            "r2": None if self.r2 is None else round(self.r2, 4),
+            "median_residual": round(self.median_residual, 4),
+            "median_abs_residual": round(self.median_abs_residual, 4),
+            "max_abs_residual": round(self.max_abs_residual, 4),
+        }
+
+
+def _quality(y: np.ndarray, pred: np.ndarray) -> PhaseFit:
+    rel = pred / y - 1.0
+    return PhaseFit(
+        n=len(y),
+        r2=_r2(y, pred),
+        median_residual=float(np.median(rel)),
+        median_abs_residual=float(np.median(np.abs(rel))),
+        max_abs_residual=float(np.max(np.abs(rel))),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,33 +276,34 @@ class FitResult:
     n: int
     r2: float
     phases: dict[str, PhaseFit]
+    held_out: dict[tuple[str, str], PhaseFit]  # (phase, prompt band) -> error on points left out of the fit
 
-    def coefficients(self) -> tuple[float, float, float, float, float]:
+    def coefficients(self) -> tuple[float, float, float, float, float, float]:
         s = self.step
         return (
             s.overhead_s,
             s.per_prefill_token_s,
             s.per_decode_seq_s,
             s.per_context_token_s,
+            s.per_prefill_attention_s,
             self.ttft_offset_s,
         )
 
+    def predict(self, o: Observation) -> float:
+        """Predicted seconds of an observation, TTFT offset included."""
+        return float(np.dot(o.features(), self.coefficients()))
+
     def report(self) -> dict[str, object]:
         """The `fit:` section of the profile."""
+        held: dict[str, dict[str, object]] = defaultdict(dict)
+        for (phase, band), q in self.held_out.items():
+            held[phase][band] = q.report()
         return {
             "points": self.n,
             "r2": round(self.r2, 4),
             "ttft_offset_s": float(f"{self.ttft_offset_s:.4g}"),
-            "phases": {
-                name: {
-                    "points": p.n,
-                    "r2": None if p.r2 is None else round(p.r2, 4),
-                    "median_residual": round(p.median_residual, 4),
-                    "median_abs_residual": round(p.median_abs_residual, 4),
-                    "max_abs_residual": round(p.max_abs_residual, 4),
-                }
-                for name, p in self.phases.items()
-            },
+            "phases": {name: p.report() for name, p in self.phases.items()},
+            "held_out": dict(held),
         }
 
 
@@ -215,36 +312,46 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     return None if total <= 0 else 1.0 - float(np.sum((y - pred) ** 2)) / total
 
 
+def _by(obs: Sequence[Observation], pred: np.ndarray, key: Callable[[Observation], object]) -> dict:
+    y = np.array([o.seconds for o in obs])
+    groups: dict[object, list[int]] = defaultdict(list)
+    for i, o in enumerate(obs):
+        groups[key(o)].append(i)
+    return {k: _quality(y[idx], pred[idx]) for k, idx in groups.items()}
+
+
 def fit_step_model(obs: Sequence[Observation]) -> FitResult:
-    """Fit the four step coefficients and the per-request latency; needs at least one observation."""
-    if not obs:
+    """Fit the five step coefficients and the per-request latency on the points not held out, and report the
+    error on the held-out ones; needs at least one point to fit."""
+    train = [o for o in obs if not o.held_out]
+    test = [o for o in obs if o.held_out]
+    if not train:
         raise ValueError("no observations to fit")
-    x = np.array([o.features() for o in obs], dtype=float)
-    y = np.array([o.seconds for o in obs], dtype=float)
+    x = np.array([o.features() for o in train], dtype=float)
+    y = np.array([o.seconds for o in train], dtype=float)
     coef = nonnegative_least_squares(
         x / y[:, None], np.ones_like(y), free=[COEFFICIENTS.index("ttft_offset_s")]
     )
     pred = x @ coef
-    phases = {}
-    for name in FITTED_PHASES:
-        mask = np.array([o.phase == name for o in obs])
-        if not mask.any():
-            continue
-        rel = pred[mask] / y[mask] - 1.0
-        phases[name] = PhaseFit(
-            n=int(mask.sum()),
-            r2=_r2(y[mask], pred[mask]),
-            median_residual=float(np.median(rel)),
-            median_abs_residual=float(np.median(np.abs(rel))),
-            max_abs_residual=float(np.max(np.abs(rel))),
-        )
+    phases = _by(train, pred, lambda o: o.phase)
+    held = {}
+    if test:
+        pred_test = np.array([o.features() for o in test], dtype=float) @ coef
+        held = _by(test, pred_test, lambda o: (o.phase, prompt_band(o.prompt_tokens)))
     return FitResult(
-        step=StepTimeModel(*(float(c) for c in coef[:4])),
-        ttft_offset_s=float(coef[4]),
-        n=len(obs),
+        step=StepTimeModel(*(float(c) for c in coef[:5])),
+        ttft_offset_s=float(coef[5]),
+        n=len(train),
         r2=_r2(y, pred) or 0.0,
-        phases=phases,
+        phases={name: phases[name] for name in FITTED_PHASES if name in phases},
+        held_out=dict(
+            sorted(held.items(), key=lambda kv: (FITTED_PHASES.index(kv[0][0]), _band_order(kv[0][1])))
+        ),
     )
+
+
+def _band_order(band: str) -> int:
+    return 0 if band.startswith("<") else int(band.split("-")[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,5 +387,11 @@ def fit_warnings(
             out.append(
                 f"poor fit: {name} predictions off by {p.median_abs_residual:.0%} (median), "
                 f"more than {limits.max_median_abs_residual:.0%}"
+            )
+    for (name, band), p in fit.held_out.items():
+        if p.n >= limits.min_phase_points and p.median_abs_residual > limits.max_median_abs_residual:
+            out.append(
+                f"poor fit: held-out {name} points with {band} prompt tokens off by {p.median_abs_residual:.0%} "
+                f"(median), more than {limits.max_median_abs_residual:.0%}"
             )
     return out

@@ -1,8 +1,11 @@
-"""The calibration plan (warm-up, prefill sweep, decode sweep, saturation) and the closed-loop runner.
+"""The calibration plan (warm-up, prefill sweep, decode sweep, mixed, saturation) and the closed-loop runner.
 
 The plan is a list of cells, each a (phase, concurrency) pair with prompt and output lengths, a share of the
 time budget and a minimum number of requests. It depends only on the endpoint's context length, the KV
 capacity and the options, so a resumed run rebuilds the same plan and skips what the CSV already holds.
+It covers what users send: prompts from 16 tokens up to the context length (chunked when longer than the
+step's token budget), decode batches from 1 to the maximum concurrency, steps where long prefills join
+running decodes (mixed), and a saturated batch.
 
 A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
 exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the
@@ -26,7 +29,14 @@ from simadmit.calibrate.overhead import OverheadMonitor
 from simadmit.calibrate.prompts import PromptMaker
 from simadmit.config.errors import InputError, problem
 
-PHASE_SHARES = {"warmup": 0.04, "prefill": 0.28, "decode": 0.44, "saturation": 0.19}  # the rest: drain tails
+PHASE_SHARES = {
+    "warmup": 0.04,
+    "prefill": 0.30,
+    "decode": 0.40,
+    "mixed": 0.08,
+    "saturation": 0.13,
+}  # the rest: drain tails
+MIXED_CONCURRENCY = 2  # each request decodes while the other's long prompt is prefilled
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +66,39 @@ def concurrency_levels(max_concurrency: int) -> list[int]:
 
 
 def prefill_lengths(
-    max_model_len: int, points: int = 8, shortest: int = 16, cap: int = 32768
+    max_model_len: int, token_budget: int, points: int = 8, shortest: int = 16
 ) -> tuple[int, ...]:
-    """Geometric prompt lengths from `shortest` to three quarters of the context (at most `cap`)."""
-    longest = max(shortest + 1, min(cap, (3 * max_model_len) // 4))
+    """Geometric prompt lengths from `shortest` to the longest prompt the context takes with one output token;
+    when that is longer than the step's token budget, at least two lengths are prefilled in several chunks."""
+    longest = max(shortest + 1, max_model_len - 1)
     ratio = (longest / shortest) ** (1 / (points - 1))
-    return tuple(sorted({round(shortest * ratio**k) for k in range(points)}))
+    lengths = {round(shortest * ratio**k) for k in range(points)} | {longest}
+    if longest > token_budget:
+        lengths.add(min(longest, token_budget + token_budget // 2))
+    return tuple(sorted(lengths))
+
+
+def mixed_prompts(
+    max_model_len: int, token_budget: int, output_tokens: int, kv_per_seq: int
+) -> tuple[int, ...]:
+    """Long prompts for the mixed cell: half a step's token budget and, when the context takes it, one and a
+    half (prefilled in two chunks); within the context and each sequence's share of the KV cache."""
+    longest = max(16, min(max_model_len, kv_per_seq) - output_tokens)
+    chunked = token_budget + token_budget // 2
+    return tuple(sorted({min(longest, token_budget // 2)} | ({chunked} if chunked <= longest else set())))
 
 
 def plan_cells(
-    max_model_len: int, kv_capacity_tokens: int, max_concurrency: int, budget_s: float
+    max_model_len: int,
+    kv_capacity_tokens: int,
+    max_concurrency: int,
+    budget_s: float,
+    token_budget: int = 8192,
+    workload_prompts: tuple[int, ...] = (),
 ) -> list[Cell]:
-    """The whole calibration as cells in execution order (see module docstring)."""
+    """The whole calibration as cells in execution order (see module docstring); `token_budget` is the
+    server's max_num_batched_tokens; `workload_prompts`, lengths of the user's own traffic, join the prefill
+    sweep (those the context takes)."""
     c_max = max_concurrency
     out_tokens = min(
         max(64, 4 * c_max), max_model_len // 4
@@ -79,11 +110,21 @@ def plan_cells(
     sat_prompt = max(decode_prompt, min(max_model_len // 4, 1024, kv_per_seq))
     levels = concurrency_levels(c_max)
     per_level = budget_s * PHASE_SHARES["decode"] / len(levels)
+    lengths = tuple(
+        sorted(
+            set(prefill_lengths(max_model_len, token_budget))
+            | {p for p in workload_prompts if p < max_model_len}
+        )
+    )
+    c_mixed = min(MIXED_CONCURRENCY, c_max)
+    mixed_out = min(32, max_model_len // 8)
+    mixed = mixed_prompts(max_model_len, token_budget, mixed_out, int(0.9 * kv_capacity_tokens / c_mixed))
     cells = [
         Cell("warmup", c_max, (32,), 16, budget_s * PHASE_SHARES["warmup"], 2 * c_max),
-        Cell("prefill", 1, prefill_lengths(max_model_len), 1, budget_s * PHASE_SHARES["prefill"], 8),
+        Cell("prefill", 1, lengths, 1, budget_s * PHASE_SHARES["prefill"], len(lengths)),
     ]
     cells += [Cell("decode", c, (decode_prompt,), out_tokens, per_level, c) for c in levels]
+    cells.append(Cell("mixed", c_mixed, mixed, mixed_out, budget_s * PHASE_SHARES["mixed"], c_mixed))
     cells.append(
         Cell("saturation", c_max, (sat_prompt,), out_tokens, budget_s * PHASE_SHARES["saturation"], c_max)
     )

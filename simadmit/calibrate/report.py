@@ -18,6 +18,11 @@ def print_calibration(result: Calibration, console: Console) -> None:
         ("per_prefill_token_s", p.step_time.per_prefill_token_s * 1e6, "us / prompt token"),
         ("per_decode_seq_s", p.step_time.per_decode_seq_s * 1e3, "ms / decoding sequence"),
         ("per_context_token_s", p.step_time.per_context_token_s * 1e6, "us / context token"),
+        (
+            "per_prefill_attention_s",
+            p.step_time.per_prefill_attention_s * 1e9,
+            "ns / (prompt token, context token)",
+        ),
         ("ttft_offset_s (not part of the profile)", fit.ttft_offset_s * 1e3, "ms / request"),
     ):
         coefficients.add_row(name, f"{value:.4g} {unit}")
@@ -40,6 +45,20 @@ def print_calibration(result: Calibration, console: Console) -> None:
             f"{ph.max_abs_residual:.1%}",
         )
     console.print(quality)
+    if fit.held_out:
+        errors = Table(title="held out of the fit (every fifth request of each cell): predicted/measured - 1")
+        for col in ("phase", "prompt tokens", "points", "median", "median |.|", "max |.|"):
+            errors.add_column(col, justify="right")
+        for (phase, band), q in fit.held_out.items():
+            errors.add_row(
+                phase,
+                band,
+                str(q.n),
+                f"{q.median_residual:+.1%}",
+                f"{q.median_abs_residual:.1%}",
+                f"{q.max_abs_residual:.1%}",
+            )
+        console.print(errors)
 
     measured = p.fit.get("measured", {})
     assert isinstance(measured, dict)

@@ -43,6 +43,7 @@ class CalibrationConfig:
     resume: bool = False
     max_num_seqs: int = 256  # the server's scheduler limits: not visible over HTTP, so taken from the user
     max_num_batched_tokens: int = 8192
+    workload_prompts: tuple[int, ...] = ()  # prompt lengths of the user's traffic, added to the prefill sweep
     runner: RunnerSettings = field(default_factory=RunnerSettings)
 
 
@@ -97,6 +98,18 @@ def _history(cfg: CalibrationConfig, csv_path: Path, endpoint: Endpoint) -> list
     return rows
 
 
+def plan(cfg: CalibrationConfig, endpoint: Endpoint, cache: CacheConfig) -> list[Cell]:
+    """The cells this calibration runs (the same for a run and its resumption)."""
+    return plan_cells(
+        endpoint.max_model_len,
+        cache.capacity_tokens,
+        cfg.max_concurrency,
+        cfg.budget_s,
+        cfg.max_num_batched_tokens,
+        cfg.workload_prompts,
+    )
+
+
 async def _run_plan(
     cfg: CalibrationConfig,
     client: httpx.AsyncClient,
@@ -112,7 +125,7 @@ async def _run_plan(
             "[yellow]no /tokenize on this server: sizing text prompts from the server's usage counts[/]"
         )
     prompts = PromptMaker(pool, random.Random())  # unseeded: no prompt may repeat one the server has cached
-    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    cells = plan(cfg, endpoint, cache)
     overhead = OverheadMonitor()
     sampler = MetricsSampler(client, endpoint.base_url)
     with MeasurementLog(csv_path) as log:
@@ -241,7 +254,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         raise InputError([problem(csv_path, None, "no successful measurements to fit")])
     fit = fit_step_model(obs)
     warnings = fit_warnings(fit, obs)
-    cells = plan_cells(endpoint.max_model_len, cache.capacity_tokens, cfg.max_concurrency, cfg.budget_s)
+    cells = plan(cfg, endpoint, cache)
     faults = dict(runner.stats.faults)
     extra = {
         "discarded_as_burst_delivery": discarded,

@@ -1,0 +1,28 @@
+"""Prompt lengths of a user's own traffic, so the prefill sweep also measures where their requests are.
+
+`simadmit calibrate --workload scenario.yaml` draws the scenario's requests (its seed, its tiers, or its trace)
+and adds the quantiles of their prompt lengths to the sweep's geometric lengths: the sweep cycles through all
+lengths equally, so most of its requests then sit inside the user's mix, while the geometric ones keep the fit's
+shape anchored from 16 tokens to the whole context. The plan stays a function of the options, so `--resume`
+with the same `--workload` rebuilds it exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from simadmit.config.loading import load_scenario
+from simadmit.workload.build import generate
+
+QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9, 0.99)
+
+
+def workload_prompt_lengths(path: str | Path, quantiles: tuple[float, ...] = QUANTILES) -> tuple[int, ...]:
+    """Distinct quantiles of the prompt lengths of a scenario's requests (`InputError` for a bad scenario)."""
+    spec, _ = load_scenario(path)
+    prompts = generate(spec.workload).prompt
+    if len(prompts) == 0:
+        return ()
+    return tuple(sorted({max(1, int(round(q))) for q in np.quantile(prompts, quantiles)}))

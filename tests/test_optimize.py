@@ -88,12 +88,14 @@ def test_optimize_command_and_its_errors(tmp_path: Path) -> None:
     """The command prints the settings, the margin on each SLO, the throughput cost and the count."""
     scenario = mmc_scenario(tmp_path, duration_s=300)
     args = ["optimize", str(scenario), "--slo", "all.queue_wait_mean<=1s", "--objective", "goodput_per_gpu",
-            "--search", "pools.0.replicas=6:12", "--rounds", "1", "--jobs", "1"]  # fmt: skip
+            "--search", "pools.0.replicas=6:12", "--rounds", "1", "--jobs", "1", "--out", str(tmp_path / "o")]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "pools.0.replicas = " in result.output
-    assert "all.queue_wait_mean<=1s: margin" in result.output
-    assert "vs unconditional" in result.output and "simulations" in result.output
+    assert "margin at the worst load" in result.output and "all.queue_wait_mean<=1s" in result.output
+    assert "against unconditional" in result.output and "simulations" in result.output
+    assert "fresh seeds" in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
     bad = runner.invoke(app, ["optimize", str(scenario), "--slo", "gold.ttft_p99<=3s", "--slo", "only.speed<=1",
                               "--search", "pools.0.replicass=1:4"])  # fmt: skip
     assert bad.exit_code == 2

@@ -9,6 +9,8 @@ nothing that finished, then assembles and writes the table.
 
 from __future__ import annotations
 
+import functools
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,27 +28,33 @@ Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, 
 def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
     """Yield (index, fn(*args[index])) as results arrive; in this process when jobs == 1.
 
-    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them.
-    On interruption the pending work is cancelled and nothing more is yielded.
+    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them, and
+    ignore Ctrl-C: the terminal sends it to the whole process group, and only the parent decides. When the
+    parent stops (Ctrl-C, an error, or the caller closing the iterator) the workers are terminated at
+    once rather than left to finish their units.
     """
     if jobs <= 1 or len(args) <= 1:
         for i, a in enumerate(args):
             yield i, fn(*a)
         return
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=context) as pool:
-        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
-        try:
-            while futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for f in done:
-                    yield futures.pop(f), f.result()
-        finally:
-            for f in futures:
-                f.cancel()
+    pool = context.Pool(min(jobs, len(args)), initializer=_ignore_interrupts)
+    try:
+        yield from pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _indexed(fn: Callable[..., dict], item: tuple[int, tuple]) -> tuple[int, dict]:
+    return item[0], fn(*item[1])
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_sweep(

@@ -1,0 +1,45 @@
+"""How long the README's `optimize` example takes, and how many simulations it runs.
+
+Runs the command through the console entry point (`python -m simadmit.cli`-equivalent: the Typer app in a
+fresh process) and prints the wall time and the number of simulations it reports. The number of
+simulations does not depend on how busy the machine is; the wall time does, so repeat it and report the
+spread (and how loaded the machine was). Extra arguments are passed to `simadmit optimize`, e.g.
+`python benchmarks/optimize_speed.py --jobs 1` for the serial time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+README_EXAMPLE = [
+    "scenarios/default.yaml",
+    "--set", "workload.rate_multiplier=0.15",
+    "--slo", "interactive.ttft_p99<=3s",
+    "--slo", "interactive.rejection<=2%",
+    "--objective", "goodput",
+]  # fmt: skip
+
+
+def main(extra: list[str]) -> None:
+    args = os.environ.get("SIMADMIT_OPTIMIZE_ARGS")
+    command = args.split() if args else README_EXAMPLE
+    cmd = [sys.executable, "-c", "from simadmit.cli.main import app; app()", "optimize", *command, *extra]
+    load = os.getloadavg()[0]
+    started = time.monotonic()
+    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    sims = re.findall(r"(\d+) simulations", run.stdout)
+    print(run.stdout[-3000:])
+    if run.returncode != 0:
+        print(run.stderr[-3000:], file=sys.stderr)
+    print(f"command: simadmit optimize {' '.join(command + extra)}")
+    print(f"exit code {run.returncode}; wall {wall:.1f} s; simulations {sims[-1] if sims else '?'}")
+    print(f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (wall time is noisy when shared)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

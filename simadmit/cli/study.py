@@ -125,9 +125,10 @@ def sweep(
 
 
 def _console() -> Console:
-    """stdout at the terminal's width, or 80 columns in a file or a pipe: tables fold, never overflow."""
-    console = Console()
-    return console if console.is_terminal else Console(width=80)
+    """stdout at the terminal's width, or 80 columns in a file or a pipe; tables fit that width, and lines
+    of text are never broken (a long path stays on one line, for grep and copy-paste)."""
+    console = Console(soft_wrap=True)
+    return console if console.is_terminal else Console(width=80, soft_wrap=True)
 
 
 def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> Table:

@@ -40,6 +40,7 @@ def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterat
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["simadmit.study.runner"])  # workers fork with the simulator imported
     pool = context.Pool(min(jobs, len(args)), initializer=_ignore_interrupts)
     try:
         yield from pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))

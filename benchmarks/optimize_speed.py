@@ -38,7 +38,9 @@ def main(extra: list[str]) -> None:
         print(run.stderr[-3000:], file=sys.stderr)
     print(f"command: simadmit optimize {' '.join(command + extra)}")
     print(f"exit code {run.returncode}; wall {wall:.1f} s; simulations {sims[-1] if sims else '?'}")
-    print(f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (wall time is noisy when shared)")
+    print(
+        f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (wall time is noisy when shared)"
+    )
 
 
 if __name__ == "__main__":

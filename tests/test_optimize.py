@@ -93,9 +93,10 @@ def test_optimize_command_and_its_errors(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "pools.0.replicas = " in result.output
     assert "margin at the worst load" in result.output and "all.queue_wait_mean<=1s" in result.output
-    assert "against unconditional" in result.output and "simulations" in result.output
+    assert "vs unconditional, same pool and seeds" in result.output and "simulations" in result.output
     assert "fresh seeds" in result.output
-    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    lines = [line for line in result.output.splitlines() if str(tmp_path) not in line]  # paths are not cut
+    assert all(len(line) <= 80 for line in lines), result.output
     bad = runner.invoke(app, ["optimize", str(scenario), "--slo", "gold.ttft_p99<=3s", "--slo", "only.speed<=1",
                               "--search", "pools.0.replicass=1:4"])  # fmt: skip
     assert bad.exit_code == 2
@@ -154,3 +155,34 @@ def test_an_infinite_p99_leaves_the_sla_and_no_limit_is_no_limit() -> None:
     )
     assert targets["utilization_target"].tolist() == pytest.approx([0.5])
     assert targets["sla_left"].tolist() == [True]
+
+
+def test_parallel_and_early_dropping_give_the_serial_exhaustive_answer(tmp_path: Path) -> None:
+    """Common random numbers: every candidate runs on the same seeds, so running them in two processes
+    and dropping dominated ones before their lighter loads change nothing but the number of simulations."""
+    scenario = mmc_scenario(tmp_path, duration_s=300)
+    slo = parse_slo("all.queue_wait_mean_s<=0.2s")
+    dims = [parse_dimension("pools.0.replicas=6:16")]
+    serial = optimize(scenario, [slo], "goodput_per_gpu", SearchConfig(jobs=1, rounds=2, drop=False), dims)
+    fast = optimize(scenario, [slo], "goodput_per_gpu", SearchConfig(jobs=2, rounds=2), dims)
+    for a, b in zip(serial, fast, strict=True):
+        assert a.best == b.best and a.confirmed == b.confirmed
+        assert a.unconditional_throughput_rps == b.unconditional_throughput_rps
+    assert fast[0].simulations < serial[0].simulations  # infeasible candidates stopped at 2x load
+
+
+def test_out_resumes_and_writes_the_searched_points(tmp_path: Path) -> None:
+    """With `out`, a second identical search simulates nothing and gives the same answer; the table holds
+    one row per setting and load the search ran, and the winner's rows on fresh seeds."""
+    scenario = mmc_scenario(tmp_path, duration_s=200)
+    slo = parse_slo("all.queue_wait_mean_s<=0.5s")
+    dims = [parse_dimension("pools.0.replicas=6:12")]
+    config = SearchConfig(jobs=1, rounds=1)
+    (first,) = optimize(scenario, [slo], "goodput_per_gpu", config, dims, out=tmp_path / "o")
+    (again,) = optimize(scenario, [slo], "goodput_per_gpu", config, dims, out=tmp_path / "o")
+    assert again.simulations == 0 and again.best == first.best and again.confirmed == first.confirmed
+    table = pd.read_csv(tmp_path / "o" / "optimize.csv")
+    winner = table[table["pools.0.replicas"] == first.best.setting[0][1]]
+    assert set(winner["seeds"]) == {"search", "fresh seeds"} and set(winner["load"]) == {1.0, 1.5, 2.0}
+    assert (table["meets_slos"] == (table[slo.text] <= slo.limit)).all()
+    assert len(first.fresh_seeds) == 2 and not set(first.fresh_seeds) & {11}

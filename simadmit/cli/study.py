@@ -253,8 +253,9 @@ def _print_results(
         for path, value in b.setting:
             console.print(f"  {path} = {value:g}" if isinstance(value, float) else f"  {path} = {value}")
         console.print(_winner_table(r, objective, loads[0]))
-        console.print(f"  throughput cost: against unconditional admission on the same pool "
-                      f"({r.unconditional_throughput_rps:.2f} req/s)")  # fmt: skip
+        console.print(
+            f"  throughput cost: vs unconditional, same pool and seeds ({r.unconditional_throughput_rps:.2f} req/s)"
+        )
     feasible = [r for r in results if r.confirmed.feasible]
     total = sum(r.simulations for r in results)
     if feasible:
@@ -280,9 +281,10 @@ def _winner_table(r: PolicyResult, objective: str, first: float) -> Table:
     for text in r.best.margins:
         measure = parse_slo(text).measure
         table.add_row(f"  {text}", *(_fmt(measure, e.margins[text]) for e in evaluations))
-    ref = r.unconditional_throughput_rps
+    refs = [r.unconditional_throughput_rps, r.unconditional_fresh_rps]
     cost = [
-        1 - e.summaries[first]["all"]["throughput_rps"] / ref if ref > 0 else math.nan for e in evaluations
+        1 - e.summaries[first]["all"]["throughput_rps"] / ref if ref > 0 else math.nan
+        for e, ref in zip(evaluations, refs, strict=False)
     ]
     table.add_row("  throughput cost", *(_fmt("rejection_rate", x) for x in cost))
     return table

@@ -95,8 +95,9 @@ class PolicyResult:
     best: Evaluation  # as the search saw it, on the search's seeds
     confirmed: Evaluation  # the same setting on fresh seeds: what to expect
     simulations: int
-    unconditional_throughput_rps: float
+    unconditional_throughput_rps: float  # on the search's seeds
     fresh_seeds: tuple[int, ...]
+    unconditional_fresh_rps: float  # on the fresh seeds: what `confirmed` is compared with
 
 
 OnSimulation = Callable[[str], None]  # called with the policy's name after each simulation
@@ -233,7 +234,12 @@ class Search:
         """The most simulations `search_policy` can take (dropping and repeats make it fewer)."""
         settings = 1 + self.config.rounds * sum(self.config.candidates + 1 for _ in dims)
         per_setting = len(self.config.loads) * self.config.replications
-        return settings * per_setting + len(self.config.loads) * self.config.fresh_seeds
+        return (
+            settings * per_setting
+            + len(self.config.loads) * self.config.fresh_seeds
+            + 1
+            + self.config.fresh_seeds
+        )
 
 
 def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
@@ -315,7 +321,7 @@ def optimize(
         Search(doc, scenario, slos, objective, config, backend, store, lambda p: _tick(count, total, p, progress))
         for _, doc, _ in plans
     ]  # fmt: skip
-    total = sum(s.upper_bound(dims) + 1 for s, (_, _, dims) in zip(searches, plans, strict=True))
+    total = sum(s.upper_bound(dims) for s, (_, _, dims) in zip(searches, plans, strict=True))
     results, rows = [], []
     for search, (name, doc, dims) in zip(searches, plans, strict=True):
         best = search_policy(search, dims)
@@ -328,10 +334,12 @@ def optimize(
         reference = Search({**doc, "policies": [{"kind": "unconditional"}]}, scenario, [], objective,
                            reference_config, backend, store, lambda p: _tick(count, total, p, progress))  # fmt: skip
         (uncond,) = reference.evaluate([shared])
-        assert uncond is not None
+        (uncond_fresh,) = reference.evaluate([shared], seeds=fresh) if fresh else (uncond,)
+        assert uncond is not None and uncond_fresh is not None
         throughput = uncond.summaries[config.loads[0]]["all"]["throughput_rps"]
+        throughput_fresh = uncond_fresh.summaries[config.loads[0]]["all"]["throughput_rps"]
         simulations = search.simulations + reference.simulations
-        results.append(PolicyResult(name, best, confirmed, simulations, throughput, fresh))
+        results.append(PolicyResult(name, best, confirmed, simulations, throughput, fresh, throughput_fresh))
         rows += search.rows()
         if out is not None:
             _write_points(out, rows)

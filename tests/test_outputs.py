@@ -111,3 +111,24 @@ def test_destination_problems_are_found_before_anything_runs(
     with pytest.raises(InputError, match=r"cannot write in .* \(Read-only file system\)"):
         check_destination(tmp_path / "out", replace=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_summary_tables_fit_80_columns_uncut() -> None:
+    """With confidence half-widths, three policies and long names, no cell is cut (no ellipsis) and no
+    line passes 80 columns."""
+    from rich.console import Console
+
+    from simadmit.results.report import LATENCY, LOAD, print_summary
+
+    measures: dict[str, float] = {}
+    for key, _, _ in LATENCY + LOAD:
+        measures[key] = 0.7123 if key.endswith(("rate", "utilization")) else 1234.5678
+        measures[f"{key}_ci95"] = 0.0456 if key.endswith(("rate", "utilization")) else 123.456
+    summary = {p: {"interactive": measures, "batch": measures, "all": measures}
+               for p in ("unconditional", "queue_depth", "gpu_seconds")}  # fmt: skip
+    console = Console(width=80, record=True)
+    print_summary(summary, "default: a title", console)
+    text = console.export_text()
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "71.2%" in text and "±4.6" in text and "1234.57" in text

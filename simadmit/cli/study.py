@@ -121,7 +121,10 @@ def sweep(
     )
     for tier in sla_tiers(plan.tier_slo):
         targets = pd.read_csv(out / f"utilization_targets_{tier}.csv")
-        console.print(_targets_table(targets, tier, plan.tier_slo[tier]))
+        shown, notes = _targets_table(targets, tier, plan.tier_slo[tier])
+        console.print(shown)
+        for line in notes:
+            console.print(line)
 
 
 def _console() -> Console:
@@ -131,24 +134,33 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=80, soft_wrap=True)
 
 
-def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> Table:
-    title = f"best utilization target, {tier}: highest GPU utilization with p99 TTFT <= {slo['ttft_s']:g} s"
+def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> tuple[Table, list[str]]:
+    """The targets in a table that fits 80 columns, and the lines that explain its marks."""
+    title = f"best utilization target, {tier}: highest GPU utilization with\np99 TTFT <= {slo['ttft_s']:g} s"
     title += f" and p99 E2E <= {slo['e2e_s']:g} s"
     table = Table(title=title, title_justify="left", header_style="bold")
-    columns = [
-        c for c in targets.columns if c not in ("utilization_target", "ci95", "arrival_rate_rps", "sla_left")
-    ]
-    for c in [*(c.split(".")[-1] for c in columns), "GPU utilization", "±95%", "at load (req/s)", "note"]:
-        table.add_column(
-            c, justify="right" if c in ("GPU utilization", "±95%", "at load (req/s)") else "left"
-        )
+    hidden = ("utilization_target", "ci_low", "ci_high", "ci95", "arrival_rate_rps", "sla_left")
+    columns = [c for c in targets.columns if c not in hidden]
+    for c in columns:
+        table.add_column(c.split(".")[-1], overflow="fold")
+    for c in ("GPU util.", "95% interval", "at req/s"):
+        table.add_column(c, justify="right", no_wrap=True)
+    notes = set()
     for _, r in targets.iterrows():
-        note = "p99 within SLA at every load swept" if not r["sla_left"] else ""
+        target = _fmt("work_utilization", r["utilization_target"])
         if math.isnan(r["utilization_target"]):
-            note = "p99 over the SLA even at the lowest load"
-        table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), _fmt("work_utilization", r["utilization_target"]),
-                      _fmt("work_utilization", r["ci95"]), f"{r['arrival_rate_rps']:.1f}", note)  # fmt: skip
-    return table
+            target, note = "-", "-: p99 over the SLA even at the lowest load"
+            notes.add(note)
+        elif not r["sla_left"]:
+            target, note = f"{target}*", "*: p99 within the SLA at every load swept (the highest seen)"
+            notes.add(note)
+        interval = "-"
+        if not math.isnan(r["ci_low"]):
+            interval = f"{100 * r['ci_low']:.1f}-{_fmt('work_utilization', r['ci_high'])}"
+        rate = "-" if math.isnan(r["arrival_rate_rps"]) else f"{r['arrival_rate_rps']:.1f}"
+        table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), target, interval, rate)
+    notes.add("95% interval: where the p99 crosses the SLA, replications resampled (- with one)")
+    return table, sorted(notes)
 
 
 def optimize_cmd(

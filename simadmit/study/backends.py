@@ -19,7 +19,7 @@ import pandas as pd
 from simadmit.study.grid import SweepPlan
 from simadmit.study.runner import run_unit
 from simadmit.study.store import PointStore
-from simadmit.study.table import assemble, write_table
+from simadmit.study.table import assemble, assemble_runs, write_table
 
 OnProgress = Callable[[int, int], None]  # (units done, units total)
 Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, dict]]]
@@ -79,5 +79,5 @@ def run_sweep(
         if progress is not None:
             progress(done, len(units))
     table = assemble(plan, store)
-    write_table(plan, table, out)
+    write_table(plan, table, out, assemble_runs(plan, store))
     return table

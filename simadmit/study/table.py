@@ -50,14 +50,26 @@ def assemble(plan: SweepPlan, store: PointStore) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def assemble_runs(plan: SweepPlan, store: PointStore) -> pd.DataFrame:
+    """One row per point x seed x policy x tier: each replication on its own, for resampling."""
+    rows = []
+    for u in plan.units():
+        record = store.load(u.key)
+        for policy, groups in record["summary"].items():
+            for tier, measures in groups.items():
+                rows.append({"point": u.point, **dict(u.overrides), "seed": u.seed, "policy": policy, "tier": tier,
+                             **measures})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def _rate(nominal: float, measures: dict) -> float:
     """The nominal arrival rate, or the measured one where the scenario has none (a trace at its own pace)."""
     return nominal if math.isfinite(nominal) else float(measures.get("offered_rps", math.nan))
 
 
-def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path) -> None:
+def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path, runs: pd.DataFrame | None = None) -> None:
     """sweep.parquet, sweep.csv, sweep.json (the grid and the tiers' SLOs, for plots) and each tier's
-    utilization targets, each file replaced atomically and manifest.json written last."""
+    utilization targets (intervals resampled from `runs`), each file replaced atomically, manifest.json last."""
     meta = {
         "scenario": str(plan.source),
         "params": {p.path: list(p.values) for p in plan.params},
@@ -70,7 +82,7 @@ def write_table(plan: SweepPlan, table: pd.DataFrame, out: Path) -> None:
         "sweep.json": lambda p: _write_text(p, meta_text),
     }
     for tier in sla_tiers(plan.tier_slo):
-        targets = utilization_targets(table, plan.tier_slo, tier)
+        targets = utilization_targets(table, plan.tier_slo, tier, runs)
         files[f"utilization_targets_{tier}.csv"] = functools.partial(_to_csv, targets)
     update_in_place(out, files, {"command": "sweep", "partial": False})
 

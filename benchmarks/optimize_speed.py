@@ -4,7 +4,8 @@ Runs the command through the console entry point (`python -m simadmit.cli`-equiv
 fresh process) and prints the wall time and the number of simulations it reports. The number of
 simulations does not depend on how busy the machine is; the wall time does, so repeat it and report the
 spread (and how loaded the machine was). Extra arguments are passed to `simadmit optimize`, e.g.
-`python benchmarks/optimize_speed.py --jobs 1` for the serial time.
+`python benchmarks/optimize_speed.py --jobs 1` for the serial time. Each run gets a fresh `--out`, so
+nothing saved by an earlier run is reused.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 README_EXAMPLE = [
@@ -27,6 +29,8 @@ README_EXAMPLE = [
 def main(extra: list[str]) -> None:
     args = os.environ.get("SIMADMIT_OPTIMIZE_ARGS")
     command = args.split() if args else README_EXAMPLE
+    if "--out" not in extra:  # a fresh folder: saved simulations would be reused, and nothing timed
+        extra = [*extra, "--out", tempfile.mkdtemp(prefix="optimize-speed-")]
     cmd = [sys.executable, "-c", "from simadmit.cli.main import app; app()", "optimize", *command, *extra]
     load = os.getloadavg()[0]
     started = time.monotonic()

@@ -87,3 +87,33 @@ def test_sweep_stops_promptly_and_resumes(tmp_path: Path) -> None:
     assert f"({files} reused from {out}/points)" in again.stdout
     assert read_manifest(out)["command"] == "sweep"
     assert len(list((out / "points").glob("*.json"))) == 12
+
+
+def test_optimize_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    """Interrupted, optimize says how many simulations are saved; the same command then runs exactly the
+    ones that were not (the search is deterministic, so the full count is known from a fresh run)."""
+    from tests.test_optimize import mmc_scenario
+
+    scenario = mmc_scenario(tmp_path, duration_s=300)
+
+    def args(out: Path) -> list[str]:
+        return ["optimize", str(scenario), "--slo", "all.queue_wait_mean<=1s", "--objective", "goodput_per_gpu",
+                "--search", "pools.0.replicas=6:12", "--rounds", "1", "--jobs", "2", "--out", str(out)]  # fmt: skip
+
+    out = tmp_path / "o"
+    code, output, seconds = _interrupt_when(args(out), re.compile(r"simulations: [1-9]\d*/\d+ done"))
+    assert code == 130, output
+    assert "Traceback" not in output and seconds < 15
+    assert re.search(r"interrupted: \d+ simulations are saved in .*; run the same command to resume", output)
+    saved = len(list((out / "points").glob("*.json")))
+    assert saved >= 1
+
+    def simulations(result: subprocess.CompletedProcess[str]) -> int:
+        assert result.returncode == 0, result.stderr
+        return int(re.findall(r"(\d+) simulations in", result.stdout)[-1])
+
+    resumed = simulations(subprocess.run([*command(), *args(out)], capture_output=True, text=True, env=env(),
+                                         timeout=300, check=False))  # fmt: skip
+    fresh = simulations(subprocess.run([*command(), *args(tmp_path / "fresh")], capture_output=True, text=True,
+                                       env=env(), timeout=300, check=False))  # fmt: skip
+    assert resumed == fresh - saved

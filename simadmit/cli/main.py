@@ -90,7 +90,7 @@ def simulate(
         console = Console(width=140)
     if not result.complete:
         runs = ", ".join(f"{p} {len(r)}" for p, r in result.runs.items()) or "none"
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"interrupted after {elapsed:.1f} s: the runs that finished (per policy: {runs} of "
             f"{replications}) are in {out}/, marked partial in manifest.json"
         )

@@ -105,7 +105,7 @@ def sweep(
         except KeyboardInterrupt:
             bar.stop()
             done = saved[-1] if saved else 0
-            Console(stderr=True).print(
+            Console(stderr=True, soft_wrap=True).print(
                 f"interrupted: {done} of {units} runs are saved in {out}/; run the same command to resume"
             )
             raise typer.Exit(130) from None
@@ -229,7 +229,7 @@ def optimize_cmd(
                                overrides, out, lambda d, n, p: bar.update(d, n, f"{p}: simulations"))  # fmt: skip
         except KeyboardInterrupt:
             bar.stop()
-            Console(stderr=True).print(
+            Console(stderr=True, soft_wrap=True).print(
                 f"interrupted: {bar.done} simulations are saved in {out}/points; run the same command to resume"
             )
             raise typer.Exit(130) from None

@@ -3,7 +3,8 @@
 Runs the command through the console entry point (`python -m simadmit.cli`-equivalent: the Typer app in a
 fresh process) and prints the wall time and the number of simulations it reports. The number of
 simulations does not depend on how busy the machine is; the wall time does, so repeat it and report the
-spread (and how loaded the machine was). Extra arguments are passed to `simadmit optimize`, e.g.
+spread (and how loaded the machine was). The CPU time of all its processes depends far less on the load:
+divided by the cores it is roughly the wall time on an idle machine. Extra arguments are passed to `simadmit optimize`, e.g.
 `python benchmarks/optimize_speed.py --jobs 1` for the serial time. Each run gets a fresh `--out`, so
 nothing saved by an earlier run is reused.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -33,15 +35,17 @@ def main(extra: list[str]) -> None:
         extra = [*extra, "--out", tempfile.mkdtemp(prefix="optimize-speed-")]
     cmd = [sys.executable, "-c", "from simadmit.cli.main import app; app()", "optimize", *command, *extra]
     load = os.getloadavg()[0]
-    started = time.monotonic()
+    started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wall = time.monotonic() - started
+    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     sims = re.findall(r"(\d+) simulations", run.stdout)
     print(run.stdout[-3000:])
     if run.returncode != 0:
         print(run.stderr[-3000:], file=sys.stderr)
     print(f"command: simadmit optimize {' '.join(command + extra)}")
-    print(f"exit code {run.returncode}; wall {wall:.1f} s; simulations {sims[-1] if sims else '?'}")
+    print(f"exit code {run.returncode}; wall {wall:.1f} s; CPU {cpu:.1f} s (all processes); "
+          f"simulations {sims[-1] if sims else '?'}")  # fmt: skip
     print(
         f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (wall time is noisy when shared)"
     )

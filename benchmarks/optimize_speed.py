@@ -3,8 +3,8 @@
 Runs the command through the console entry point (`python -m simadmit.cli`-equivalent: the Typer app in a
 fresh process) and prints the wall time and the number of simulations it reports. The number of
 simulations does not depend on how busy the machine is; the wall time does, so repeat it and report the
-spread (and how loaded the machine was). The CPU time of all its processes depends far less on the load:
-divided by the cores it is roughly the wall time on an idle machine. Extra arguments are passed to `simadmit optimize`, e.g.
+spread (and how loaded the machine was). With `--jobs 1` the CPU time it prints is the whole work and
+depends far less on the load: roughly the serial wall time on an idle machine. Extra arguments are passed to `simadmit optimize`, e.g.
 `python benchmarks/optimize_speed.py --jobs 1` for the serial time. Each run gets a fresh `--out`, so
 nothing saved by an earlier run is reused.
 """
@@ -44,8 +44,13 @@ def main(extra: list[str]) -> None:
     if run.returncode != 0:
         print(run.stderr[-3000:], file=sys.stderr)
     print(f"command: simadmit optimize {' '.join(command + extra)}")
-    print(f"exit code {run.returncode}; wall {wall:.1f} s; CPU {cpu:.1f} s (all processes); "
-          f"simulations {sims[-1] if sims else '?'}")  # fmt: skip
+    print(
+        f"exit code {run.returncode}; wall {wall:.1f} s; CPU {cpu:.1f} s; simulations {sims[-1] if sims else '?'}"
+    )
+    print(
+        "(CPU: the command and the processes it waits for; workers forked by the forkserver are not counted,"
+    )
+    print(" so only --jobs 1 gives the whole CPU time)")
     print(
         f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs (wall time is noisy when shared)"
     )

@@ -85,6 +85,9 @@ def simulate(
     except InputError as e:
         fail(e.problems)
         return
+    except KeyboardInterrupt:
+        Console(stderr=True, soft_wrap=True).print(f"interrupted while writing: {out}/ is as it was")
+        raise typer.Exit(130) from None
     console = Console()
     if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
         console = Console(width=140)
@@ -98,7 +101,7 @@ def simulate(
     print_summary(result.summary, f"{spec.name}: {spec.description}".rstrip(": "), console)
     console.print(
         f"{result.simulated_requests:,} simulated requests in {elapsed:.1f} s; tables in {out}/ "
-        "(requests.parquet, timeseries.parquet, summary.json, scenario.yaml)"
+        "(requests.parquet, timeseries.parquet, summary.json, scenario.yaml, manifest.json)"
     )
 
 

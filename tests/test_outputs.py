@@ -103,6 +103,8 @@ def test_destination_problems_are_found_before_anything_runs(
     with pytest.raises(InputError, match=r"holds files simadmit did not write \(thesis.tex\)"):
         check_destination(theirs, replace=True)
     check_destination(theirs, replace=False)  # a sweep adds its files beside them
+    with pytest.raises(InputError, match="is the current folder"):
+        check_destination(Path("."), replace=True)
 
     def read_only(*args: object, **kwargs: object) -> str:
         raise OSError(30, "Read-only file system")

@@ -254,7 +254,7 @@ def _print_results(
     console.print(f"[bold]{name}[/bold]: best {objective} meeting every SLO at {at} x traffic")
     for r in results:
         b, c = r.best, r.confirmed
-        fresh = f"{len(r.fresh_seeds)} fresh seeds" if r.fresh_seeds else "the search's seeds"
+        fresh = f"{len(r.fresh_seeds)} fresh seeds" if r.fresh_seeds else "its seeds (nothing to search)"
         if c.feasible:
             verdict = f"[green]meets every SLO[/green] on {fresh}"
         elif b.feasible:

@@ -33,6 +33,8 @@ def check_destination(out: Path, replace: bool) -> None:
     """
     if out.exists() and not out.is_dir():
         raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
+    if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
     where = out.parent if replace else out
     while not where.exists() and where != where.parent:
         where = where.parent

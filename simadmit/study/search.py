@@ -234,12 +234,8 @@ class Search:
         """The most simulations `search_policy` can take (dropping and repeats make it fewer)."""
         settings = 1 + self.config.rounds * sum(self.config.candidates + 1 for _ in dims)
         per_setting = len(self.config.loads) * self.config.replications
-        return (
-            settings * per_setting
-            + len(self.config.loads) * self.config.fresh_seeds
-            + 1
-            + self.config.fresh_seeds
-        )
+        fresh = self.config.fresh_seeds if dims else 0
+        return settings * per_setting + (len(self.config.loads) + 1) * fresh + 1
 
 
 def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
@@ -326,7 +322,7 @@ def optimize(
     for search, (name, doc, dims) in zip(searches, plans, strict=True):
         best = search_policy(search, dims)
         first = search.first_seed + config.replications + 1000  # seeds no candidate was ranked on
-        fresh = tuple(range(first, first + config.fresh_seeds))
+        fresh = tuple(range(first, first + config.fresh_seeds)) if dims else ()  # nothing ranked: no curse
         confirmed = search.evaluate([best.setting], seeds=fresh)[0] if fresh else best
         assert confirmed is not None
         shared = tuple((p, v) for p, v in best.setting if not p.startswith("policies."))

@@ -65,6 +65,11 @@ def test_simulate_keeps_the_finished_runs_marked_partial(tmp_path: Path) -> None
     requests = pd.read_parquet(out / "requests.parquet")
     runs = requests.groupby("policy")["seed"].nunique().to_dict()
     assert runs == finished  # the tables hold exactly the runs that finished
+    plotted = subprocess.run(
+        [*command(), "plot", str(out)], capture_output=True, text=True, env=env(), check=False
+    )
+    assert plotted.returncode == 0, plotted.stderr
+    assert "holds an interrupted run" in plotted.stderr
 
 
 def test_sweep_stops_promptly_and_resumes(tmp_path: Path) -> None:

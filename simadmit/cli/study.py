@@ -25,7 +25,7 @@ from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
-from simadmit.results.run_folder import check_destination
+from simadmit.results.run_folder import check_destination, read_manifest
 from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
@@ -336,7 +336,13 @@ def plot(
     if not written:
         fail([f"{directory}: no sweep.parquet, requests.parquet or timeseries.parquet to plot"])
         return
-    Console().print(f"{len(written)} files in {directory}/: " + ", ".join(sorted({p.stem for p in written})))
+    Console(soft_wrap=True).print(
+        f"{len(written)} files in {directory}/: " + ", ".join(sorted({p.stem for p in written}))
+    )
+    if read_manifest(directory).get("partial"):
+        Console(stderr=True, soft_wrap=True).print(
+            f"note: {directory}/ holds an interrupted run: only the runs that finished (manifest.json)"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,8 @@ nothing that finished, then assembles and writes the table.
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import multiprocessing.pool
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,21 +35,45 @@ def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterat
     parent stops (Ctrl-C, an error, or the caller closing the iterator) the workers are terminated at
     once rather than left to finish their units.
     """
-    if jobs <= 1 or len(args) <= 1:
-        for i, a in enumerate(args):
-            yield i, fn(*a)
-        return
-    import multiprocessing
+    with WorkerPool() as pool:
+        yield from pool(fn, args, jobs)
 
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["simadmit.study.runner"])  # workers fork with the simulator imported
-    pool = context.Pool(min(jobs, len(args)), initializer=_ignore_interrupts)
-    try:
-        yield from pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+
+class WorkerPool:
+    """`process_map` whose workers outlive a call: a search runs many small batches, and starting workers
+    for each would cost more than some batches. Close it (or use it as a context manager) when done."""
+
+    def __init__(self) -> None:
+        self.pool: multiprocessing.pool.Pool | None = None
+
+    def __call__(self, fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
+        if jobs <= 1 or len(args) <= 1:
+            for i, a in enumerate(args):
+                yield i, fn(*a)
+            return
+        if self.pool is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(
+                ["simadmit.study.runner"]
+            )  # workers fork with the simulator imported
+            self.pool = context.Pool(jobs, initializer=_ignore_interrupts)
+        try:
+            yield from self.pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
+        except BaseException:  # Ctrl-C, an error, or the caller gave up: stop the work in flight
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _indexed(fn: Callable[..., dict], item: tuple[int, tuple]) -> tuple[int, dict]:

@@ -35,7 +35,7 @@ from simadmit.config.schema import policy_name
 from simadmit.results import summary
 from simadmit.results.run_folder import update_in_place
 from simadmit.sim.world import build_world
-from simadmit.study.backends import Backend, process_map
+from simadmit.study.backends import Backend, WorkerPool, process_map
 from simadmit.study.dimensions import Dimension, concerning, default_dimensions, start_value
 from simadmit.study.grid import digest as _digest
 from simadmit.study.grid import inputs_digest
@@ -312,6 +312,24 @@ def optimize(
     if bad:
         raise InputError(list(dict.fromkeys(bad)))
     store = PointStore(out) if out is not None else None
+    if backend is process_map:  # one set of workers for the whole search
+        with WorkerPool() as pool:
+            return _search_all(plans, scenario, slos, objective, config, pool, store, out, progress)
+    return _search_all(plans, scenario, slos, objective, config, backend, store, out, progress)
+
+
+def _search_all(
+    plans: list[tuple[str, dict, list[Dimension]]],
+    scenario: Path,
+    slos: list[SLO],
+    objective: str,
+    config: SearchConfig,
+    backend: Backend,
+    store: PointStore | None,
+    out: Path | None,
+    progress: Callable[[int, int, str], None] | None,
+) -> list[PolicyResult]:
+    """Each policy's search, its winner on fresh seeds, and its unconditional reference."""
     count = [0]
     searches = [
         Search(doc, scenario, slos, objective, config, backend, store, lambda p: _tick(count, total, p, progress))

@@ -23,7 +23,7 @@ README_EXAMPLE = [
     "scenarios/default.yaml",
     "--set", "workload.rate_multiplier=0.15",
     "--slo", "interactive.ttft_p99<=3s",
-    "--slo", "interactive.rejection<=2%",
+    "--slo", "interactive.failure<=2%",
     "--objective", "goodput",
 ]  # fmt: skip
 

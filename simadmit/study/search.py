@@ -182,9 +182,7 @@ class Search:
 
     def _violation(self, per_load: dict[float, dict[str, dict]]) -> float:
         return sum(
-            slo.violation_in(measures[slo.tier])
-            for slo in self.slos
-            for measures in per_load.values()
+            slo.violation_in(measures[slo.tier]) for slo in self.slos for measures in per_load.values()
         )
 
     def _beaten(

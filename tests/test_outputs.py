@@ -116,16 +116,17 @@ def test_destination_problems_are_found_before_anything_runs(
 
 
 def test_summary_tables_fit_80_columns_uncut() -> None:
-    """With confidence half-widths, three policies and long names, no cell is cut (no ellipsis) and no
-    line passes 80 columns."""
+    """With confidence half-widths, three policies and realistic magnitudes (5 digits of requests, waits
+    and latencies to tens of seconds), no cell is cut or folded and no line passes 80 columns."""
     from rich.console import Console
 
     from simadmit.results.report import LATENCY, LOAD, print_summary
 
     measures: dict[str, float] = {}
     for key, _, _ in LATENCY + LOAD:
-        measures[key] = 0.7123 if key.endswith(("rate", "utilization")) else 1234.5678
-        measures[f"{key}_ci95"] = 0.0456 if key.endswith(("rate", "utilization")) else 123.456
+        rate = key.endswith(("rate", "utilization"))
+        measures[key] = 0.7123 if rate else 14400.0 if key == "requests" else 12.345
+        measures[f"{key}_ci95"] = 0.0456 if rate else 123.0 if key == "requests" else 1.234
     summary = {p: {"interactive": measures, "batch": measures, "all": measures}
                for p in ("unconditional", "queue_depth", "gpu_seconds")}  # fmt: skip
     console = Console(width=80, record=True)
@@ -133,4 +134,7 @@ def test_summary_tables_fit_80_columns_uncut() -> None:
     text = console.export_text()
     assert "…" not in text
     assert all(len(line) <= 80 for line in text.splitlines())
-    assert "71.2%" in text and "±4.6" in text and "1234.57" in text
+    assert "put/s" in text  # headers break at their own line breaks, not inside a word
+    rows = [line for line in text.splitlines() if line.strip().startswith("interactive")]
+    assert len(rows) == 6  # three policies, two tables
+    assert "71.2%" in rows[-1] and "14400" in rows[-1] and "12.35" in rows[0] and "12.35" in rows[-1]

@@ -31,7 +31,7 @@ LOAD = (
     ("queue_wait_p99_s", "wait\np99 s", "{:.2f}"),
     ("utilization", "GPU\nbusy", "{:.0%}"),
     ("work_utilization", "GPU\nwork", "{:.0%}"),
-    ("goodput_rps", "goodput\n/s", "{:.1f}"),
+    ("goodput_rps", "good-\nput/s", "{:.1f}"),
 )
 
 
@@ -54,7 +54,14 @@ def summary_table(
     summary: dict[str, dict[str, dict]], title: str, columns: tuple[tuple[str, str, str], ...]
 ) -> Table:
     # One label column (policy, then its tiers indented) and light rules: fits 80 columns uncut.
-    table = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    table = Table(
+        title=title,
+        header_style="bold",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
     table.add_column("policy / tier", no_wrap=True)
     for _, label, _ in columns:
         table.add_column(label, justify="right", overflow="fold")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.console import run
 
-SHORT = ("--set", "workload.duration_s=5")
+SHORT = ("--set", "workload.duration_s=5", "--set", "workload.warmup_s=1")
 
 
 def _clean_failure(result, fragment: str) -> None:

@@ -175,6 +175,7 @@ def test_sweep_command(tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "best utilization target, interactive" in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines() if str(out) not in line)
     targets = pd.read_csv(out / "utilization_targets_interactive.csv")
     assert set(targets["policy"]) == {"unconditional", "queue_depth", "gpu_seconds"}
     assert targets["utilization_target"].between(0, 1).all()

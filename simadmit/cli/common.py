@@ -1,4 +1,4 @@
-"""CLI helpers shared by the commands: reporting input errors, a progress bar, and writing a run's files.
+"""CLI helpers shared by the commands: reporting input errors and a progress bar.
 
 User mistakes (a bad scenario, a missing profile, an unreachable endpoint) print one line per problem and
 exit with code 2; they never show a traceback. These helpers live apart from the command modules so that
@@ -8,22 +8,18 @@ other back.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import variant_spec
-from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
-from simadmit.study.runner import ScenarioResult
 from simadmit.workload.check import check_workload
 
 MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
@@ -78,15 +74,3 @@ class LazyProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
-
-
-def write_outputs(result: ScenarioResult, out: Path, spec: ScenarioSpec, base: Path) -> None:
-    """The tables, the summary, and the scenario as run (paths made absolute), so `plot` can draw its SLAs."""
-    out.mkdir(parents=True, exist_ok=True)
-    doc = spec.model_dump(mode="json")
-    for pool in doc["pools"]:
-        pool["profile"] = str(resolve_profile(pool["profile"], base))
-    (out / "scenario.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    result.requests.to_parquet(out / "requests.parquet", index=False)
-    result.timeseries.to_parquet(out / "timeseries.parquet", index=False)
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, allow_nan=True) + "\n")

@@ -16,27 +16,30 @@ from typing import Annotated
 import pandas as pd
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from simadmit.cli.common import fail
+from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
-from simadmit.config.resources import default_scenario
+from simadmit.config.overrides import parse_assignments
+from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
+from simadmit.results.run_folder import check_destination, read_manifest
 from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
 from simadmit.study.search import PolicyResult, SearchConfig, optimize
 from simadmit.study.slo import parse_slo
-from simadmit.study.targets import utilization_targets
+from simadmit.study.table import sla_tiers
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or a `taskset`'s share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class BackendName(StrEnum):
@@ -52,13 +55,6 @@ def _backend(name: BackendName, address: str | None) -> Backend:
     return process_map
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True),
-    )  # fmt: skip
-
-
 def _fmt(measure: str, value: float) -> str:
     if isinstance(value, float) and math.isnan(value):
         return "-"
@@ -71,14 +67,14 @@ def _fmt(measure: str, value: float) -> str:
 
 def sweep(
     scenario: Annotated[
-        Path | None, typer.Argument(help="scenario YAML (default: the bundled default)")
+        Path | None, typer.Argument(help="scenario YAML or a bundled scenario's name (default: the default)")
     ] = None,
     param: Annotated[list[str], typer.Option(help="path=lo:hi:n or path=a,b,c (repeat for a grid)")] = [],  # noqa: B006
     replications: Annotated[int, typer.Option(min=1, help="seeds per point, for confidence intervals")] = 1,
     seed: Annotated[
         int | None, typer.Option(help="first seed of every point (default: the scenario's)")
     ] = None,
-    jobs: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = os.cpu_count() or 1,
+    jobs: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = available_cpus(),
     out: Annotated[Path, typer.Option(help="directory for sweep.parquet, sweep.csv and saved points")] = Path(
         "runs/sweep"
     ),
@@ -89,65 +85,87 @@ def sweep(
 ) -> None:
     """Run every combination of parameter values through every policy; resume where a previous run stopped."""
     try:
-        path = scenario or default_scenario()
+        path = resolve_scenario(scenario)
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
+        check_destination(out, replace=False)
     except InputError as e:
         fail(e.problems)
         return
     started = time.monotonic()
     units = len(plan.units())
-    with _progress() as bar:
-        task = bar.add_task(f"{len(plan.points)} points x {replications} seeds", total=units)
+    saved: list[int] = []
+
+    def on_progress(done: int, total: int) -> None:
+        saved.append(done)
+        bar.update(done)
+
+    with UnitProgress(f"{len(plan.points)} points x {replications} seeds", units) as bar:
         try:
-            table = run_sweep(
-                plan, out, jobs, _backend(backend, address), lambda d, n: bar.update(task, completed=d)
-            )
+            table = run_sweep(plan, out, jobs, _backend(backend, address), on_progress)
         except KeyboardInterrupt:
             bar.stop()
-            done = int(bar.tasks[0].completed)
-            Console(stderr=True).print(
+            done = saved[-1] if saved else 0
+            Console(stderr=True, soft_wrap=True).print(
                 f"interrupted: {done} of {units} runs are saved in {out}/; run the same command to resume"
             )
             raise typer.Exit(130) from None
         except InputError as e:
+            bar.stop()
             fail(e.problems)
             return
-    console = Console()
+    console = _console()
+    reused = f" ({saved[0]} reused from {out}/points)" if saved and saved[0] else ""
     console.print(
-        f"{len(plan.points)} points x {replications} seeds in {time.monotonic() - started:.1f} s: "
+        f"{len(plan.points)} points x {replications} seeds in {time.monotonic() - started:.1f} s{reused}: "
         f"{len(table)} rows in {out}/sweep.parquet and {out}/sweep.csv"
     )
-    for tier, slo in plan.tier_slo.items():
-        if not (math.isfinite(slo["ttft_s"]) or math.isfinite(slo["e2e_s"])):
-            continue
-        targets = utilization_targets(table, plan.tier_slo, tier)
-        targets.to_csv(out / f"utilization_targets_{tier}.csv", index=False)
-        console.print(_targets_table(targets, tier, slo))
+    for tier in sla_tiers(plan.tier_slo):
+        targets = pd.read_csv(out / f"utilization_targets_{tier}.csv")
+        shown, notes = _targets_table(targets, tier, plan.tier_slo[tier])
+        console.print(shown)
+        for line in notes:
+            console.print(line)
 
 
-def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> Table:
-    title = f"best utilization target, {tier}: highest GPU utilization with p99 TTFT <= {slo['ttft_s']:g} s"
+def _console() -> Console:
+    """stdout at the terminal's width, or 80 columns in a file or a pipe; tables fit that width, and lines
+    of text are never broken (a long path stays on one line, for grep and copy-paste)."""
+    console = Console(soft_wrap=True)
+    return console if console.is_terminal else Console(width=80, soft_wrap=True)
+
+
+def _targets_table(targets: pd.DataFrame, tier: str, slo: dict[str, float]) -> tuple[Table, list[str]]:
+    """The targets in a table that fits 80 columns, and the lines that explain its marks."""
+    title = f"best utilization target, {tier}: highest GPU utilization with\np99 TTFT <= {slo['ttft_s']:g} s"
     title += f" and p99 E2E <= {slo['e2e_s']:g} s"
     table = Table(title=title, title_justify="left", header_style="bold")
-    columns = [
-        c for c in targets.columns if c not in ("utilization_target", "ci95", "arrival_rate_rps", "sla_left")
-    ]
-    for c in [*(c.split(".")[-1] for c in columns), "GPU utilization", "±95%", "at load (req/s)", "note"]:
-        table.add_column(
-            c, justify="right" if c in ("GPU utilization", "±95%", "at load (req/s)") else "left"
-        )
+    hidden = ("utilization_target", "ci_low", "ci_high", "ci95", "arrival_rate_rps", "sla_left")
+    columns = [c for c in targets.columns if c not in hidden]
+    for c in columns:
+        table.add_column(c.split(".")[-1], overflow="fold")
+    for c in ("GPU util.", "95% interval", "at req/s"):
+        table.add_column(c, justify="right", no_wrap=True)
+    notes = set()
     for _, r in targets.iterrows():
-        note = "p99 within SLA at every load swept" if not r["sla_left"] else ""
+        target = _fmt("work_utilization", r["utilization_target"])
         if math.isnan(r["utilization_target"]):
-            note = "p99 over the SLA even at the lowest load"
-        table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), _fmt("work_utilization", r["utilization_target"]),
-                      _fmt("work_utilization", r["ci95"]), f"{r['arrival_rate_rps']:.1f}", note)  # fmt: skip
-    return table
+            target, note = "-", "-: p99 over the SLA even at the lowest load"
+            notes.add(note)
+        elif not r["sla_left"]:
+            target, note = f"{target}*", "*: p99 within the SLA at every load swept (the highest seen)"
+            notes.add(note)
+        interval = "-"
+        if not math.isnan(r["ci_low"]):
+            interval = f"{100 * r['ci_low']:.1f}-{_fmt('work_utilization', r['ci_high'])}"
+        rate = "-" if math.isnan(r["arrival_rate_rps"]) else f"{r['arrival_rate_rps']:.1f}"
+        table.add_row(*("-" if pd.isna(r[c]) else str(r[c]) for c in columns), target, interval, rate)
+    notes.add("95% interval: where the p99 crosses the SLA, replications resampled (- with one)")
+    return table, sorted(notes)
 
 
 def optimize_cmd(
     scenario: Annotated[
-        Path | None, typer.Argument(help="scenario YAML (default: the bundled default)")
+        Path | None, typer.Argument(help="scenario YAML or a bundled scenario's name (default: the default)")
     ] = None,
     slo: Annotated[list[str], typer.Option(help="tier.measure<=value, e.g. interactive.ttft_p99<=3s")] = [],  # noqa: B006
     objective: Annotated[
@@ -156,12 +174,19 @@ def optimize_cmd(
     search: Annotated[
         list[str], typer.Option(help="path=lo:hi to search (default: each policy's own knobs)")
     ] = [],  # noqa: B006
+    set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
     loads: Annotated[str, typer.Option(help="traffic multipliers every SLO must hold at")] = "1,1.5,2",
     replications: Annotated[int, typer.Option(min=1, help="seeds per setting and load")] = 1,
     seed: Annotated[int | None, typer.Option(help="first seed (default: the scenario's)")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="refinement rounds")] = 3,
     candidates: Annotated[int, typer.Option(min=2, help="values tried per dimension and round")] = 5,
-    jobs: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = os.cpu_count() or 1,
+    fresh_seeds: Annotated[
+        int, typer.Option(min=0, help="seeds the winner is re-run on after the search (0: none)")
+    ] = 2,
+    jobs: Annotated[int, typer.Option(min=1, help="parallel worker processes")] = available_cpus(),
+    out: Annotated[
+        Path, typer.Option(help="directory for optimize.csv/.parquet and saved simulations (resumable)")
+    ] = Path("runs/optimize"),
     backend: Annotated[BackendName, typer.Option(help="process (this machine) or ray")] = BackendName.process,
     address: Annotated[
         str | None, typer.Option(help="Ray cluster address (default: start a local Ray)")
@@ -187,61 +212,94 @@ def optimize_cmd(
         load_values = ()
     if not slo:
         problems.append("--slo: give at least one SLO, e.g. --slo 'interactive.ttft_p99<=3s'")
+    try:
+        overrides = parse_assignments(set_)
+        check_destination(out, replace=False)
+    except InputError as e:
+        problems += e.problems
     if problems:
         fail(problems)
         return
-    config = SearchConfig(load_values, replications, seed, rounds, candidates, jobs)
-    path = scenario or default_scenario()
+    config = SearchConfig(load_values, replications, seed, rounds, candidates, jobs, fresh_seeds)
+    path = resolve_scenario(scenario)
     started = time.monotonic()
-    try:
-        results = optimize(path, slos, objective, config, dims or None, _backend(backend, address))
-    except InputError as e:
-        fail(e.problems)
-        return
-    name = load_scenario(path, None)[0].name
-    _print_results(results, objective, loads, name, time.monotonic() - started)
+    with UnitProgress("simulations", 1) as bar:
+        try:
+            results = optimize(path, slos, objective, config, dims or None, _backend(backend, address),
+                               overrides, out, lambda d, n, p: bar.update(d, n, f"{p}: simulations"))  # fmt: skip
+        except KeyboardInterrupt:
+            bar.stop()
+            Console(stderr=True, soft_wrap=True).print(
+                f"interrupted: {bar.done} simulations are saved in {out}/points; run the same command to resume"
+            )
+            raise typer.Exit(130) from None
+        except InputError as e:
+            bar.stop()
+            fail(e.problems)
+            return
+    name = load_scenario(path, overrides)[0].name
+    _print_results(results, objective, load_values, name, time.monotonic() - started, out)
 
 
 def _print_results(
-    results: list[PolicyResult], objective: str, loads: str, name: str, elapsed: float
+    results: list[PolicyResult],
+    objective: str,
+    loads: tuple[float, ...],
+    name: str,
+    elapsed: float,
+    out: Path,
 ) -> None:
-    console = Console()
-    console.print(f"[bold]{name}[/bold]: best {objective} meeting every SLO at {loads} x traffic")
+    console = _console()
+    at = ", ".join(f"{x:g}" for x in loads)
+    console.print(f"[bold]{name}[/bold]: best {objective} meeting every SLO at {at} x traffic")
     for r in results:
-        b = r.best
-        verdict = (
-            "[green]meets every SLO[/green]" if b.feasible else "[red]no setting tried meets every SLO[/red]"
-        )
+        b, c = r.best, r.confirmed
+        fresh = f"{len(r.fresh_seeds)} fresh seeds" if r.fresh_seeds else "its seeds (nothing to search)"
+        if c.feasible:
+            verdict = f"[green]meets every SLO[/green] on {fresh}"
+        elif b.feasible:
+            verdict = f"[yellow]met every SLO in the search, not on {fresh}[/yellow]"
+        else:
+            verdict = "[red]no setting tried meets every SLO[/red]"
         console.print(f"\n[bold]{r.policy}[/bold]: {verdict} ({r.simulations} simulations)")
         for path, value in b.setting:
             console.print(f"  {path} = {value:g}" if isinstance(value, float) else f"  {path} = {value}")
-        first = next(iter(b.summaries))  # the load the objective is measured at
-        console.print(f"  {objective} = {b.objective:.4g} at {first:g}x traffic on {b.gpus} GPUs")
-        for text, margin in b.margins.items():
-            measure = parse_slo(text).measure
-            console.print(f"  {text}: margin {_fmt(measure, margin)} at the worst load")
-        throughput = b.summaries[first]["all"]["throughput_rps"]
-        ref = r.unconditional_throughput_rps
-        cost = 1 - throughput / ref if ref > 0 else math.nan
-        effect = (
-            f"costs {_fmt('rejection_rate', cost)}"
-            if not cost < 0
-            else f"gains {_fmt('rejection_rate', -cost)}"
-        )
+        console.print(_winner_table(r, objective, loads[0]))
         console.print(
-            f"  throughput {throughput:.2f} req/s vs unconditional {ref:.2f} req/s with the same pool: {effect}"
+            f"  throughput cost: vs unconditional, same pool and seeds ({r.unconditional_throughput_rps:.2f} req/s)"
         )
-    feasible = [r for r in results if r.best.feasible]
+    feasible = [r for r in results if r.confirmed.feasible]
     total = sum(r.simulations for r in results)
     if feasible:
         sign = 1 if objective != "rejection" else -1
-        win = max(feasible, key=lambda r: r.best.rank(sign))
+        win = max(feasible, key=lambda r: r.confirmed.rank(sign))
         console.print(f"\n[bold]best: {win.policy}[/bold] ({total} simulations in {elapsed:.1f} s)")
     else:
         console.print(f"\n[red]no policy meets every SLO[/red] ({total} simulations in {elapsed:.1f} s)")
-        console.print(
-            "more GPUs (--objective goodput_per_gpu also searches replicas) or looser SLOs are needed"
-        )
+        console.print("more GPUs (--objective goodput_per_gpu also searches replicas), less traffic")
+        console.print("(--set workload.rate_multiplier=...) or looser SLOs are needed")
+    console.print(f"searched points: {out}/optimize.csv")
+
+
+def _winner_table(r: PolicyResult, objective: str, first: float) -> Table:
+    """The winner as the search ranked it and on fresh seeds, side by side (the winner's curse)."""
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    table.add_column("  measure (SLOs: margin at the worst load)", no_wrap=True)
+    table.add_column("search", justify="right")
+    if r.fresh_seeds:
+        table.add_column("fresh seeds", justify="right")
+    evaluations = [r.best, r.confirmed] if r.fresh_seeds else [r.best]
+    table.add_row(f"  {objective} at {first:g}x", *(f"{e.objective:.4g}" for e in evaluations))
+    for text in r.best.margins:
+        measure = parse_slo(text).measure
+        table.add_row(f"  {text}", *(_fmt(measure, e.margins[text]) for e in evaluations))
+    refs = [r.unconditional_throughput_rps, r.unconditional_fresh_rps]
+    cost = [
+        1 - e.summaries[first]["all"]["throughput_rps"] / ref if ref > 0 else math.nan
+        for e, ref in zip(evaluations, refs, strict=False)
+    ]
+    table.add_row("  throughput cost", *(_fmt("rejection_rate", x) for x in cost))
+    return table
 
 
 def plot(
@@ -270,11 +328,21 @@ def plot(
             fail(e.problems)
             return
         slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in spec.workload.tiers}
-    written = plot_directory(directory, slo)
+    try:
+        written = plot_directory(directory, slo)
+    except InputError as e:
+        fail(e.problems)
+        return
     if not written:
         fail([f"{directory}: no sweep.parquet, requests.parquet or timeseries.parquet to plot"])
         return
-    Console().print(f"{len(written)} files in {directory}/: " + ", ".join(sorted({p.stem for p in written})))
+    Console(soft_wrap=True).print(
+        f"{len(written)} files in {directory}/: " + ", ".join(sorted({p.stem for p in written}))
+    )
+    if read_manifest(directory).get("partial"):
+        Console(stderr=True, soft_wrap=True).print(
+            f"note: {directory}/ holds an interrupted run: only the runs that finished (manifest.json)"
+        )
 
 
 def register(app: typer.Typer) -> None:

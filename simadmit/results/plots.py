@@ -22,6 +22,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from simadmit.results.curves import curves
+from simadmit.results.run_folder import read_manifest
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -189,8 +190,12 @@ def _save(fig: Figure, out: Path, name: str) -> list[Path]:
 def plot_directory(directory: Path, slo: dict[str, dict[str, float]] | None = None) -> list[Path]:
     """Every figure the directory's tables allow (a sweep's curves, a run's CDFs and timeline), PNG + SVG.
 
-    SLA lines come from `slo` (tier -> {"ttft_s", "e2e_s"}) or, for a sweep, from its sweep.json.
+    SLA lines come from `slo` (tier -> {"ttft_s", "e2e_s"}) or, for a sweep, from its sweep.json. A
+    folder whose manifest is missing or disagrees with its files (a write cut short) raises `InputError`.
     """
+    tables = ("sweep.parquet", "requests.parquet", "timeseries.parquet")
+    if any((directory / t).is_file() for t in tables):
+        read_manifest(directory)
     written: list[Path] = []
     if (directory / "sweep.parquet").is_file():
         table = pd.read_parquet(directory / "sweep.parquet")

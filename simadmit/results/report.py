@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -16,21 +17,21 @@ from simadmit.results.summary import notes
 LATENCY = (
     ("ttft_p50_s", "TTFT p50", "{:.2f}"),
     ("ttft_p99_s", "p99", "{:.2f}"),
-    ("served_ttft_p50_s", "served p50", "{:.2f}"),
-    ("served_ttft_p99_s", "served p99", "{:.2f}"),
+    ("served_ttft_p50_s", "served\np50", "{:.2f}"),
+    ("served_ttft_p99_s", "served\np99", "{:.2f}"),
     ("e2e_p50_s", "E2E p50", "{:.2f}"),
     ("e2e_p99_s", "p99", "{:.2f}"),
-    ("served_e2e_p99_s", "served p99", "{:.2f}"),
+    ("served_e2e_p99_s", "served\np99", "{:.2f}"),
 )
 LOAD = (
-    ("requests", "requests", "{:.0f}"),
+    ("requests", "reqs", "{:.0f}"),
     ("failure_rate", "failed", "{:.1%}"),
-    ("rejection_rate", "rejected", "{:.1%}"),
-    ("queue_wait_mean_s", "wait mean s", "{:.2f}"),
-    ("queue_wait_p99_s", "wait p99 s", "{:.2f}"),
-    ("utilization", "GPU busy", "{:.0%}"),
-    ("work_utilization", "GPU work", "{:.0%}"),
-    ("goodput_rps", "goodput/s", "{:.1f}"),
+    ("rejection_rate", "reject", "{:.1%}"),
+    ("queue_wait_mean_s", "wait\nmean s", "{:.2f}"),
+    ("queue_wait_p99_s", "wait\np99 s", "{:.2f}"),
+    ("utilization", "GPU\nbusy", "{:.0%}"),
+    ("work_utilization", "GPU\nwork", "{:.0%}"),
+    ("goodput_rps", "good-\nput/s", "{:.1f}"),
 )
 
 
@@ -43,27 +44,34 @@ def _cell(measures: dict, key: str, fmt: str) -> str:
     text = fmt.format(value)
     half = measures.get(f"{key}_ci95")
     if half is not None and math.isfinite(half):
-        text += "±" + fmt.format(half).rstrip("%")
+        text += "\n±" + fmt.format(half).rstrip("%")  # below the value: columns stay narrow
     elif half is not None and math.isinf(half):
-        text += "±inf"  # the interval is unbounded: too few observations beyond the percentile
+        text += "\n±inf"  # the interval is unbounded: too few observations beyond the percentile
     return text
 
 
 def summary_table(
     summary: dict[str, dict[str, dict]], title: str, columns: tuple[tuple[str, str, str], ...]
 ) -> Table:
-    table = Table(title=title, header_style="bold", title_justify="left")
-    table.add_column("policy", no_wrap=True)
-    table.add_column("tier", no_wrap=True)
+    # One label column (policy, then its tiers indented) and light rules: fits 80 columns uncut.
+    table = Table(
+        title=title,
+        header_style="bold",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    table.add_column("policy / tier", no_wrap=True)
     for _, label, _ in columns:
-        table.add_column(label, justify="right")
+        table.add_column(label, justify="right", overflow="fold")
     for policy, tiers in summary.items():
+        table.add_row(policy, style="bold")
         groups = [(g, m) for g, m in tiers.items() if not g.startswith("pool:")]  # pools: in summary.json
-        for i, (tier, measures) in enumerate(groups):
+        for tier, measures in groups:
             style = "bold" if tier == "all" else None
             cells = (_cell(measures, k, f) for k, _, f in columns)
-            table.add_row(policy if i == 0 else "", tier, *cells, style=style)
-        table.add_section()
+            table.add_row(f"  {tier}", *cells, style=style)
     return table
 
 

@@ -9,6 +9,10 @@ nothing that finished, then assembles and writes the table.
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import multiprocessing.pool
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import pandas as pd
 from simadmit.study.grid import SweepPlan
 from simadmit.study.runner import run_unit
 from simadmit.study.store import PointStore
-from simadmit.study.table import assemble, write_table
+from simadmit.study.table import assemble, assemble_runs, write_table
 
 OnProgress = Callable[[int, int], None]  # (units done, units total)
 Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, dict]]]
@@ -26,27 +30,58 @@ Backend = Callable[[Callable[..., dict], list[tuple], int], Iterator[tuple[int, 
 def process_map(fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
     """Yield (index, fn(*args[index])) as results arrive; in this process when jobs == 1.
 
-    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them.
-    On interruption the pending work is cancelled and nothing more is yielded.
+    Workers start with `forkserver`, so no thread of the parent (a progress bar) is copied into them, and
+    ignore Ctrl-C: the terminal sends it to the whole process group, and only the parent decides. When the
+    parent stops (Ctrl-C, an error, or the caller closing the iterator) the workers are terminated at
+    once rather than left to finish their units.
     """
-    if jobs <= 1 or len(args) <= 1:
-        for i, a in enumerate(args):
-            yield i, fn(*a)
-        return
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    with WorkerPool() as pool:
+        yield from pool(fn, args, jobs)
 
-    context = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=context) as pool:
-        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+
+class WorkerPool:
+    """`process_map` whose workers outlive a call: a search runs many small batches, and starting workers
+    for each would cost more than some batches. Close it (or use it as a context manager) when done."""
+
+    def __init__(self) -> None:
+        self.pool: multiprocessing.pool.Pool | None = None
+
+    def __call__(self, fn: Callable[..., dict], args: list[tuple], jobs: int) -> Iterator[tuple[int, dict]]:
+        if jobs <= 1 or len(args) <= 1:
+            for i, a in enumerate(args):
+                yield i, fn(*a)
+            return
+        if self.pool is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(
+                ["simadmit.study.runner"]
+            )  # workers fork with the simulator imported
+            self.pool = context.Pool(jobs, initializer=_ignore_interrupts)
         try:
-            while futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for f in done:
-                    yield futures.pop(f), f.result()
-        finally:
-            for f in futures:
-                f.cancel()
+            yield from self.pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
+        except BaseException:  # Ctrl-C, an error, or the caller gave up: stop the work in flight
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _indexed(fn: Callable[..., dict], item: tuple[int, tuple]) -> tuple[int, dict]:
+    return item[0], fn(*item[1])
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_sweep(
@@ -70,5 +105,5 @@ def run_sweep(
         if progress is not None:
             progress(done, len(units))
     table = assemble(plan, store)
-    write_table(plan, table, out)
+    write_table(plan, table, out, assemble_runs(plan, store))
     return table

@@ -63,18 +63,19 @@ class SweepPlan:
 
     def units(self) -> list[Unit]:
         return [
-            Unit(i, point, s, _digest([self.inputs, [list(kv) for kv in point], s]))
+            Unit(i, point, s, digest([self.inputs, [list(kv) for kv in point], s]))
             for i, point in enumerate(self.points)
             for s in self.seeds[i]
         ]
 
 
-def _digest(obj: object) -> str:
+def digest(obj: object) -> str:
+    """A short stable digest of a JSON-able object: the key of a saved result."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 @functools.cache
-def _code_digest() -> str:
+def _codedigest() -> str:
     """The simulator's source (every module of the package): results of another version are never reused."""
     h = hashlib.sha256()
     package = Path(simadmit.__file__).resolve().parent
@@ -83,9 +84,9 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def _inputs_digest(document: dict[str, object], spec: ScenarioSpec, base: Path) -> str:
+def inputs_digest(document: dict[str, object], spec: ScenarioSpec, base: Path) -> str:
     """What every result depends on besides its point and seed: the document, the files it reads, the code."""
-    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode() + _code_digest().encode())
+    h = hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode() + _codedigest().encode())
     files = [resolve_profile(p.profile, base) for p in spec.pools]
     files += [resolve_trace(t.path, base) for _, t in trace_refs(spec)]
     for f in files:
@@ -167,5 +168,5 @@ def plan_sweep(
         more = [f"... and {len(unique) - _MAX_PROBLEMS} more"] if len(unique) > _MAX_PROBLEMS else []
         raise InputError(unique[:_MAX_PROBLEMS] + more)
     tier_slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in base_spec.workload.tiers}
-    inputs = _inputs_digest(document, base_spec, base)
+    inputs = inputs_digest(document, base_spec, base)
     return SweepPlan(source, document, tuple(params), points, tuple(seeds), tier_slo, inputs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -37,6 +37,15 @@ class ScenarioResult:
     runs: dict[str, list[dict[str, dict]]] = field(default_factory=dict)  # per-replication summaries
     events: int = 0
     simulated_requests: int = 0
+    complete: bool = True  # False when interrupted: only the runs that finished are here
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a study: `partial` holds every run that finished before it (`complete` False)."""
+
+    def __init__(self, partial: ScenarioResult) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 def run_scenario(
@@ -47,39 +56,63 @@ def run_scenario(
     progress: Progress | None = None,
     keep_tables: bool = True,
 ) -> ScenarioResult:
-    """Simulate each policy on each replication's workload; summarise with confidence intervals."""
+    """Simulate each policy on each replication's workload; summarise with confidence intervals.
+
+    Ctrl-C raises `Interrupted` carrying every run that finished (a run is kept whole or not at all).
+    """
     base_seed = spec.workload.seed if seed is None else seed
     policies = build_policies(spec)
-    per_policy: dict[str, list[dict[str, dict]]] = {name: [] for name in policies}
-    request_frames, series_frames = [], []
-    events = simulated = 0
-    for r in range(replications):
-        s = base_seed + r
-        workload = generate(spec.workload, s)
-        shared = policy_requests(workload)
-        for name, policy in policies.items():
-            label, n = f"{name} (seed {s})", len(workload)
-            tick = None
-            if progress is not None:
-                progress(label, 0, n)
-                tick = functools.partial(_tick, progress, label, n)
-            result = Simulation(world, workload, policy, s, shared, progress=tick).run(name)
-            if progress is not None:
-                progress(label, n, n)
-            events += result.events
-            simulated += len(workload)
-            table = records.request_table(result, workload, world)  # built once, read three ways
-            per_policy[name].append(summary.run_summary(result, workload, world, table))
-            if keep_tables:
-                request_frames.append(records.requests_frame(result, table))
-                series_frames.append(records.timeseries_frame(result, table))
+    finished: list[_Run] = []
+    try:
+        for r in range(replications):
+            s = base_seed + r
+            workload = generate(spec.workload, s)
+            shared = policy_requests(workload)
+            for name, policy in policies.items():
+                label, n = f"{name} (seed {s})", len(workload)
+                tick = None
+                if progress is not None:
+                    progress(label, 0, n)
+                    tick = functools.partial(_tick, progress, label, n)
+                result = Simulation(world, workload, policy, s, shared, progress=tick).run(name)
+                table = records.request_table(result, workload, world)  # built once, read three ways
+                run = summary.run_summary(result, workload, world, table)
+                frames = (
+                    (records.requests_frame(result, table), records.timeseries_frame(result, table))
+                    if keep_tables
+                    else None
+                )
+                finished.append(_Run(name, run, frames, result.events, len(workload)))
+                if progress is not None:
+                    progress(label, n, n)
+    except KeyboardInterrupt:
+        raise Interrupted(replace(_assemble(list(policies), finished), complete=False)) from None
+    return _assemble(list(policies), finished)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One finished (policy, replication): its summary, its tables if kept, and its size."""
+
+    policy: str
+    summary: dict[str, dict]
+    frames: tuple[pd.DataFrame, pd.DataFrame] | None
+    events: int
+    requests: int
+
+
+def _assemble(policies: list[str], runs: list[_Run]) -> ScenarioResult:
+    per_policy = {p: [r.summary for r in runs if r.policy == p] for p in policies}
+    per_policy = {p: s for p, s in per_policy.items() if s}
+    requests = [r.frames[0] for r in runs if r.frames is not None]
+    series = [r.frames[1] for r in runs if r.frames is not None]
     return ScenarioResult(
-        requests=pd.concat(request_frames, ignore_index=True) if request_frames else pd.DataFrame(),
-        timeseries=pd.concat(series_frames, ignore_index=True) if series_frames else pd.DataFrame(),
-        summary={name: summary.combine(runs) for name, runs in per_policy.items()},
+        requests=pd.concat(requests, ignore_index=True) if requests else pd.DataFrame(),
+        timeseries=pd.concat(series, ignore_index=True) if series else pd.DataFrame(),
+        summary={name: summary.combine(s) for name, s in per_policy.items()},
         runs=per_policy,
-        events=events,
-        simulated_requests=simulated,
+        events=sum(r.events for r in runs),
+        simulated_requests=sum(r.requests for r in runs),
     )
 
 
@@ -116,13 +149,20 @@ def run_study(
     progress: Progress | None = None,
     keep_tables: bool = True,
 ) -> ScenarioResult:
-    """Run a scenario, or each of its variants: results are keyed `variant/policy` when there are variants."""
+    """Run a scenario, or each of its variants: results are keyed `variant/policy` when there are variants.
+
+    Ctrl-C raises `Interrupted` with the runs of every variant that finished.
+    """
     if not spec.variants:
         return run_scenario(spec, build_world(spec, base), seed, replications, progress, keep_tables)
     parts = []
     for variant in spec.variants:
         vspec = variant_spec(spec, variant)
-        result = run_scenario(vspec, build_world(vspec, base), seed, replications, progress, keep_tables)
+        try:
+            result = run_scenario(vspec, build_world(vspec, base), seed, replications, progress, keep_tables)
+        except Interrupted as e:
+            parts.append((variant.name, e.partial))
+            raise Interrupted(replace(_merge(parts), complete=False)) from None
         parts.append((variant.name, result))
     return _merge(parts)
 

@@ -1,0 +1,152 @@
+"""Output folders: written whole or not at all, checked before a run starts and before they are read.
+
+A run's folder is written into a hidden temporary folder beside its destination and moved into place
+only once every file is complete; `manifest.json` (the files, their sizes, and whether the run was cut
+short) is written last. A write that fails part-way (disk full, permission denied) leaves the previous
+folder exactly as it was and no folder that looks complete. A folder that also holds state to keep (a
+sweep's saved points) is updated file by file, each file replaced atomically, the old manifest removed
+first and the new one written last. Readers (`plot`) refuse a folder without a manifest that matches
+its files. `check_destination` finds a destination that cannot be written before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from simadmit.config.errors import InputError, problem
+
+MANIFEST = "manifest.json"
+Writer = Callable[[Path], None]  # writes one file at the path it is given
+_OURS = (".parquet", ".csv", ".json", ".yaml", ".png", ".svg")  # what a run folder and `plot` leave
+
+
+def check_destination(out: Path, replace: bool) -> None:
+    """Raise `InputError` (`out: why`) when `out` cannot receive the outputs; creates nothing.
+
+    `replace`: the folder is replaced whole (its temporary twin is made beside it), so it may hold only
+    files simadmit writes: a folder of other files is never swapped out from under its owner.
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
+    if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
+    where = out.parent if replace else out
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise InputError([problem(out, None, f"{where} is a file, not a folder")])
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".simadmit-probe-", dir=where))
+    except OSError as e:
+        raise InputError([problem(out, None, f"cannot write in {where} ({e.strerror or e})")]) from None
+    if replace and out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.is_dir() or p.suffix not in _OURS)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise InputError(
+                [
+                    problem(
+                        out, None, f"holds files simadmit did not write ({shown}); give a new or empty folder"
+                    )
+                ]
+            )
+
+
+def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:
+    """Write `files` into a temporary folder beside `out`, the manifest last, then swap it into place.
+
+    On any failure the temporary folder is removed and `out` is left as it was; an `OSError` becomes an
+    `InputError` naming the folder.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    except OSError as e:
+        raise _failed(out, e) from None
+    try:
+        for name, write in files.items():
+            write(tmp / name)
+        _write_manifest(tmp, list(files), manifest)
+        _swap(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise _failed(out, e) from None
+        raise
+
+
+def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:
+    """Replace `files` inside `out` one by one (each atomically), removing the old manifest first and
+    writing the new one last, so the folder never looks complete while its files disagree."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST).unlink(missing_ok=True)
+        for name, write in files.items():
+            _replace(out / name, write)
+        _write_manifest(out, list(files), manifest)
+    except OSError as e:
+        raise _failed(out, e, "its tables are not marked complete until a run writes them all") from None
+
+
+def read_manifest(directory: Path) -> dict[str, object]:
+    """The manifest of a complete folder; `InputError` when it is missing or its files do not match."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise InputError([problem(directory, None, f"incomplete folder: no {MANIFEST} (written last, once every "
+                                  "file is complete); run the command that writes it again")])  # fmt: skip
+    try:
+        manifest = json.loads(path.read_text())
+        sizes = dict(manifest["files"])
+    except (ValueError, KeyError, TypeError):
+        raise InputError([problem(path, None, "not a valid manifest")]) from None
+    for name, size in sizes.items():
+        f = directory / name
+        actual = f.stat().st_size if f.is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes, the manifest says {size}"
+            raise InputError([problem(directory, None, f"incomplete folder: {name} is {found}")])
+    return dict(manifest)
+
+
+def _write_manifest(folder: Path, names: list[str], manifest: dict[str, object]) -> None:
+    doc = {**manifest, "files": {n: (folder / n).stat().st_size for n in names}}
+    text = json.dumps(doc, indent=2, allow_nan=True) + "\n"
+    _replace(folder / MANIFEST, lambda p: _write_text(p, text))
+
+
+def _replace(path: Path, write: Writer) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _swap(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; the previous one is removed only after the move."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.previous-", dir=out.parent))
+    os.rmdir(old)
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _failed(out: Path, e: OSError, note: str = "the folder is as it was") -> InputError:
+    return InputError([problem(out, None, f"could not write the outputs ({e.strerror or e}); {note}")])
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text)

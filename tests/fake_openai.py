@@ -115,5 +115,15 @@ def fake_server(**settings: float) -> Iterator[FakeServer]:
     try:
         yield server
     finally:
+
+        async def shutdown() -> None:  # cancel the handlers still streaming, with the loop still alive
+            holder["s"].close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()

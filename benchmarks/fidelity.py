@@ -68,8 +68,8 @@ def scenario(profile: Path, rate: float, arrival: str, duration_s: float, seed: 
         "name": f"fidelity-{arrival}",
         "workload": {
             "seed": seed,
-            "rate_rps": rate,
-            "duration_s": duration_s,
+            "rate_rps": float(rate),
+            "duration_s": float(duration_s),
             "arrival": ARRIVALS[arrival],
             "tiers": [
                 {
@@ -129,7 +129,7 @@ def capacity(url: str, profile: Path, work: Path, requests: int = 60) -> float:
     run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
     finish = np.sort([a.result.finish for a in run.attempts if a.result.status == "ok"])
     lo, hi = int(0.2 * len(finish)), int(0.8 * len(finish))
-    return (hi - lo) / (finish[hi] - finish[lo])
+    return float((hi - lo) / (finish[hi] - finish[lo]))
 
 
 def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,

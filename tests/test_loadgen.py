@@ -191,3 +191,19 @@ def test_a_client_that_waits_too_long_for_its_first_token_abandons(tmp_path: Pat
     write_run(run, spec, tmp_path, tmp_path / "out", "real")
     req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
     assert (req["outcome"] == "abandoned").all() and req["ttft_s"].isna().all()
+
+
+def test_metrics_counters_are_summed_over_engines_and_missing_ones_are_nan() -> None:
+    from simadmit.loadgen.metrics import counter_totals
+
+    text = (
+        "# TYPE vllm:request_queue_time_seconds histogram\n"
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5\n'
+        'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 3\n'
+        'vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.5\n'
+        'vllm:request_queue_time_seconds_count{engine="1",model_name="m"} 1\n'
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 2\n'
+    )
+    totals = counter_totals(text)
+    assert totals["queue_time_sum_s"] == 2.0 and totals["queue_time_count"] == 4
+    assert totals["preemptions_total"] == 2 and np.isnan(totals["generation_tokens_total"])

@@ -66,10 +66,10 @@ def test_replay_writes_tables_that_compare_reads(
 def test_reduced_fidelity_meets_the_target_at_two_loads(
     vllm_server: VllmServer, profile: Path, tmp_path: Path
 ) -> None:
-    cap = capacity(vllm_server.url, profile, tmp_path, requests=40)
+    cap = capacity(vllm_server.url, profile, tmp_path, requests=24)
     failures = []
     for load in LOADS:
-        table = run_point(vllm_server.url, profile, load * cap, "poisson", 15.0, 3, tmp_path / f"p{load}", 1)
+        table = run_point(vllm_server.url, profile, load * cap, "poisson", 20.0, 3, tmp_path / f"p{load}", 1)
         everything = table[table["tier"] == "all"]
         print(f"load {load:.0%} of {cap:.2f} req/s:\n{everything.to_string()}")
         if not overall(everything):

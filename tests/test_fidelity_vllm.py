@@ -2,7 +2,7 @@
 and a reduced fidelity run meets the target at two load points, within the noise of its own repeats.
 
 The reduced run is the benchmark (`benchmarks/fidelity.py`) made small: a short calibration, the capacity
-from one burst, then at 30% and 90% of capacity three 15-second repeats of one Poisson request list and a
+from one burst, then at 30% and 90% of capacity three 20-second repeats of one Poisson request list and a
 simulation of what the first repeat sent. The target (E2E mean and p99 within 10%, TTFT mean within 15%,
 TTFT p99 within 20% of the real mean, or inside the real repeats' range when they spread wider than that)
 is judged on all requests. Two runs of one request list on this kind of machine differ by 20-50% near

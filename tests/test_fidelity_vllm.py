@@ -60,7 +60,7 @@ def test_replay_writes_tables_that_compare_reads(
     assert compared.returncode == 0, compared.stderr
     table = pd.read_csv(tmp_path / "report" / "compare.csv")
     assert table.loc[table["measure"] == "ttft_mean_s", "real_mean"].notna().all()
-    assert "send lag p99" in replayed.stdout
+    assert "send lag p50" in replayed.stdout
 
 
 def test_reduced_fidelity_meets_the_target_at_two_loads(

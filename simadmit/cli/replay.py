@@ -63,6 +63,8 @@ def replay_command(
         fail(e.problems)
         return
     console = Console()
+    if not console.is_terminal:  # files and pipes get whole lines
+        console = Console(width=140)
     cfg = ReplayConfig(endpoint=endpoint, model=model, timeout_s=timeout)
     console.print(
         f"{len(plan.workload)} requests over {plan.scheduled_s[-1]:.0f} s, {repeat} run(s) -> {out}/"
@@ -128,7 +130,7 @@ def compare_command(
         doc = yaml.safe_load(scenario.read_text()) if scenario.is_file() else {}
         warmup = float((doc or {}).get("workload", {}).get("warmup_s", 0.0) or 0.0)
     table = compare(sim, real, warmup)
-    console = Console(width=160) if not Console().is_terminal else Console()
+    console = Console() if Console().is_terminal else Console(width=160)
     shown = Table(
         title=f"simulated ({sim_dir}) vs {len(real)} real runs", header_style="bold", title_justify="left"
     )

@@ -20,7 +20,7 @@ from simadmit.serve.app import GatewayServer
 from simadmit.serve.settings import serve_settings
 from tests.serve_fake import serving
 from tests.serve_helpers import until
-from tests.vllm_server import VllmServer, vllm_server_fixture  # noqa: F401
+from tests.vllm_server import VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 

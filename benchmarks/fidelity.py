@@ -1,0 +1,245 @@
+"""Fidelity of the simulator against a real vLLM server: replay the same request lists on both and compare.
+
+Starts the vLLM CPU server the tests use (SmolLM2-135M, tests/vllm_server.py), calibrates it with `simadmit
+calibrate`, measures its capacity for the workload below (a burst of requests over its makespan), then at
+each load (a fraction of that capacity) and arrival kind (Poisson, and bursty: gamma renewal with CV 3; or
+the Azure conversation trace's rate curve and burstiness) replays the workload `--repeats` times open-loop,
+simulates the request list the first repeat sent on the calibrated profile, and writes the `compare`
+report. The repeats are the noise floor: the spread of the real system against itself.
+
+Noise: the load client shares the machine with the server (the engine's worker takes core 0, the API
+server core 1; this process is pinned to core 1 with the API server, which the worker never waits on), and
+on a shared machine other processes add their own noise: the load average is recorded before and after.
+Run it alone, under the lock every user of the server takes:
+
+    flock /tmp/vllm.lock python benchmarks/fidelity.py --out runs/fidelity
+    flock /tmp/vllm.lock python benchmarks/fidelity.py --loads 0.3,0.9 --arrivals poisson --repeats 3 \
+        --duration 30 --out runs/fidelity-reduced          # the reduced form
+
+It prints the results table (the README's) and writes it to OUT/results.md, with every point's
+`compare` report under OUT/<arrival>-<load>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simadmit.cli.common import write_outputs  # noqa: E402
+from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
+from simadmit.loadgen.plan import make_plan  # noqa: E402
+from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
+from simadmit.loadgen.tables import write_run  # noqa: E402
+from simadmit.results.compare import compare, load_runs, overall  # noqa: E402
+from simadmit.results.compare_plots import write_cdfs  # noqa: E402
+from simadmit.study.runner import run_study  # noqa: E402
+
+AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv_first2000.csv"
+# The Azure conversation trace is close to Poisson over a minute (inter-arrival CV 1.14, and its rate curve
+# in the first minute runs ~30% under its mean), so the bursty case is a gamma renewal with CV 3; `trace`
+# (the trace's fitted rate curve and burstiness) is there to run on request.
+ARRIVALS = {
+    "poisson": {"kind": "poisson"},
+    "bursty": {"kind": "gamma", "cv": 3.0},
+    "trace": {"kind": "fit", "trace": {"path": AZURE, "format": "azure"}, "bin_s": 10},
+}
+KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
+
+
+def scenario(profile: Path, rate: float, arrival: str, duration_s: float, seed: int = 1) -> dict:
+    """The workload: chat requests (short prompts and answers) and a quarter of longer ones, on one replica."""
+    return {
+        "name": f"fidelity-{arrival}",
+        "workload": {
+            "seed": seed,
+            "rate_rps": float(rate),
+            "duration_s": float(duration_s),
+            "arrival": ARRIVALS[arrival],
+            "tiers": [
+                {
+                    "name": "chat",
+                    "share": 3,
+                    "max_tokens": 128,
+                    "prompt_tokens": {
+                        "kind": "lognormal",
+                        "median": 128,
+                        "sigma": 0.6,
+                        "min": 16,
+                        "max": 1024,
+                    },
+                    "output_tokens": {"kind": "lognormal", "median": 32, "sigma": 0.6, "min": 4, "max": 128},
+                },
+                {
+                    "name": "long",
+                    "share": 1,
+                    "max_tokens": 128,
+                    "prompt_tokens": {
+                        "kind": "lognormal",
+                        "median": 600,
+                        "sigma": 0.3,
+                        "min": 256,
+                        "max": 1400,
+                    },
+                    "output_tokens": {"kind": "lognormal", "median": 64, "sigma": 0.4, "min": 8, "max": 128},
+                },
+            ],
+        },  # fmt: skip
+        "pools": [{"name": "cpu", "profile": str(profile), "replicas": 1}],
+        "gateway": {"replicas": 1, "poll_interval_s": 0},
+        "clients": {"max_retries": 0},
+        "policies": [{"kind": "unconditional"}],
+    }
+
+
+def calibrate(url: str, out: Path, budget: str) -> Path:
+    """`simadmit calibrate` on the running server, with the server's batch limits."""
+    from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+
+    profile = out / "profile.yaml"
+    cmd = [sys.executable, "-m", "simadmit.calibrate", "--endpoint", url, "--budget", budget,
+           "--max-concurrency", "16", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens",
+           str(MAX_NUM_BATCHED_TOKENS), "--gpu-name", "CPU", "--out", str(profile)]  # fmt: skip
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return profile
+
+
+def capacity(url: str, profile: Path, work: Path, requests: int = 60) -> float:
+    """Requests per second the server completes with every batch slot it can use busy: a burst of the
+    workload's requests is sent at once and the rate is the burst over its makespan (first send to last
+    finish). The requests of a burst share one batch and finish together, so a rate read between finishes
+    would overstate it; the makespan includes the thinning tail, so this errs low, by a little."""
+    doc = scenario(profile, 1000.0, "poisson", 1.0)
+    doc["workload"] |= {"duration_s": None, "requests": requests}
+    spec = scenario_from_dict(doc, work / "capacity.yaml")
+    run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
+    done = [a.result for a in run.attempts if a.result.status == "ok"]
+    return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
+
+
+def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,
+              seed: int) -> pd.DataFrame:  # fmt: skip
+    """Replay `repeats` times, simulate what the first repeat sent, compare; returns the compare table."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "scenario.yaml"
+    path.write_text(yaml.safe_dump(scenario(profile, rate, arrival, duration_s, seed), sort_keys=False))
+    spec, base = load_scenario(path)
+    plan = make_plan(spec, base)
+    for k in range(1, repeats + 1):
+        time.sleep(2.0)  # let the server settle between runs
+        run = replay(plan, ReplayConfig(url), random.Random())
+        facts = write_run(run, spec, base, out / "real" / f"repeat-{k}", "real")
+        lag = facts["send_lag_s"]
+        print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up: "  # type: ignore[index]
+              f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
+    sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
+    write_outputs(run_study(sim_spec, sim_base), out / "sim", sim_spec, sim_base)
+    real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
+    sim = load_runs(out / "sim", None)
+    table = compare(sim, real, 0.0)
+    table.to_csv(out / "compare.csv", index=False)
+    write_cdfs(sim, real, ["all"], 0.0, out)
+    return table
+
+
+def row(arrival: str, load: float, rate: float, table: pd.DataFrame, requests: int) -> dict[str, object]:
+    t = table[table["tier"] == "all"].set_index("measure")
+    cells: dict[str, object] = {"arrivals": arrival, "load": f"{load:.0%}", "req/s": f"{rate:.2f}",
+                                "requests": requests}  # fmt: skip
+    for m in KEY:
+        r = t.loc[m]
+        cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
+                    f"{100 * r['error']:+.0f}% {'ok' if str(r['verdict']).startswith('pass') else 'FAIL'}")  # fmt: skip
+    cells["verdict"] = "pass" if overall(table[table["tier"] == "all"]) else "fail"
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+    ap.add_argument("--loads", default="0.3,0.6,0.9,1.2,1.5", help="fractions of the measured capacity")
+    ap.add_argument("--arrivals", default="poisson,bursty", help=f"of {', '.join(ARRIVALS)}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
+    ap.add_argument("--calibrate-budget", default="2m")
+    ap.add_argument("--endpoint", help="use this running server instead of starting one")
+    ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
+    ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    if (args.out / "results.md").exists():
+        sys.exit(f"{args.out} already holds results; choose another --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    started = datetime.now(UTC)
+    with ExitStack() as stack:
+        url = args.endpoint or stack.enter_context(start_server(args.out))
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+            os.sched_setaffinity(0, {1})  # beside the API server (after it started: children inherit it)
+        profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
+        cap = args.capacity or capacity(url, profile, args.out)
+        print(f"capacity: {cap:.2f} requests/s", flush=True)
+        rows = []
+        for arrival in args.arrivals.split(","):
+            for load in (float(x) for x in args.loads.split(",")):
+                rate = load * cap
+                print(f"{arrival} at {load:.0%} ({rate:.2f} req/s)", flush=True)
+                where = args.out / f"{arrival}-{load:g}"
+                table = run_point(url, profile, rate, arrival, args.duration, args.repeats, where, args.seed)
+                n = len(pd.read_parquet(where / "sim" / "requests.parquet"))
+                rows.append(row(arrival, load, n / args.duration, table, n))
+    load_after = os.getloadavg()
+    results = pd.DataFrame(rows)
+    header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
+              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "
+              f"repeats of {args.duration:.0f} s; cells: sim / real mean (real range) error")  # fmt: skip
+    text = header + "\n\n" + markdown(results) + "\n"
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")
+    print(text)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(str(v) for v in r) + " |" for r in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def start_server(out: Path):  # type: ignore[no-untyped-def]
+    """The tests' SmolLM2 server (provisioned on first use), stopped when the benchmark ends."""
+    from simadmit.calibrate.launch import launched_server
+    from tests.vllm_server import provision, server_args
+
+    python, model_dir = provision()
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
+    return launched_server(
+        str(model_dir), server_args(), str(python), out / "server.log", timeout_s=600, env=env
+    )
+
+
+if __name__ == "__main__":
+    main()

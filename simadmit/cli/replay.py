@@ -1,0 +1,164 @@
+"""The `replay` and `compare` commands: send a scenario's workload to a live endpoint, and set a simulation
+beside the real runs.
+
+`register(app)` adds them to the main Typer app. Input mistakes print one line each and exit with code 2;
+a run never writes into a folder that already holds one, so a new run is never mixed with an old one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from simadmit.cli.common import fail
+from simadmit.config.errors import InputError, problem
+from simadmit.config.loading import load_scenario
+from simadmit.config.overrides import parse_assignments
+from simadmit.config.resources import resolve_scenario
+from simadmit.loadgen.plan import make_plan
+from simadmit.loadgen.run import ReplayConfig, replay
+from simadmit.loadgen.tables import write_run
+from simadmit.results.compare import compare, load_runs, overall, run_dirs
+from simadmit.results.compare_plots import write_cdfs
+
+
+def _holds_a_run(out: Path) -> bool:
+    return (out / "requests.parquet").exists() or any(out.glob("repeat-*/requests.parquet"))
+
+
+def replay_command(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML, or a bundled scenario's name")],
+    endpoint: Annotated[str, typer.Option(help="the live OpenAI-compatible endpoint, http://host:port")],
+    out: Annotated[Path, typer.Option(help="folder for requests.parquet, timeseries.parquet, replay.json")],
+    repeat: Annotated[int, typer.Option(min=1, help="send the same request list N times (repeat-1..N)")] = 1,
+    model: Annotated[
+        str | None, typer.Option(help="served model name (default: the endpoint's first)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="workload seed (default: the scenario's)")] = None,
+    label: Annotated[str, typer.Option(help="the policy column of the tables")] = "real",
+    timeout: Annotated[float, typer.Option(min=1, help="seconds one attempt may take")] = 600.0,
+    set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
+) -> None:
+    """Send the scenario's workload open-loop to a live endpoint at its scheduled times and record it as
+    `simulate` records a run."""
+    try:
+        spec, base = load_scenario(resolve_scenario(scenario), parse_assignments(set_))
+        if spec.variants:
+            raise InputError(
+                [problem(scenario, "variants", "replay sends one workload: remove the variants")]
+            )
+        if _holds_a_run(out):
+            raise InputError([problem(out, None, "already holds a run; choose another --out")])
+        plan = make_plan(spec, base, seed)
+    except InputError as e:
+        fail(e.problems)
+        return
+    console = Console()
+    if not console.is_terminal:  # files and pipes get whole lines
+        console = Console(width=140)
+    cfg = ReplayConfig(endpoint=endpoint, model=model, timeout_s=timeout)
+    console.print(
+        f"{len(plan.workload)} requests over {plan.scheduled_s[-1]:.0f} s, {repeat} run(s) -> {out}/"
+    )
+    for k in range(1, repeat + 1):
+        where = out if repeat == 1 else out / f"repeat-{k}"
+        try:
+            run = replay(plan, cfg, random.Random())
+        except InputError as e:
+            fail(e.problems)
+            return
+        facts = write_run(run, spec, base, where, label)
+        _print_facts(console, where, facts)
+
+
+def _print_facts(console: Console, where: Path, facts: dict) -> None:
+    lag, client = facts["send_lag_s"], facts["client"]
+    console.print(
+        f"{where}: {facts['requests']} requests {facts['outcomes']} in {facts['wall_s']:.0f} s; send lag p50 "
+        f"{1e3 * lag['p50']:.1f} ms, p99 {1e3 * lag['p99']:.1f} ms, max {1e3 * lag['max']:.1f} ms; client CPU "
+        f"{100 * client['cpu_share_of_one_core']:.0f}% of a core, loop lag p99 {client['loop_lag_p99_ms']:.1f} ms"
+    )
+    if facts["kept_up"] is False:
+        console.print(
+            f"[red]WARNING: the load client did not keep up[/red]: send-lag p99 {1e3 * lag['p99']:.1f} ms is not "
+            f"well under a decode step ({1e3 * facts['decode_step_s']:.1f} ms); its timings are suspect"
+        )
+
+
+def _fmt(measure: str, value: float) -> str:
+    if not math.isfinite(value):
+        return "-"
+    if measure.endswith("_rate"):
+        return f"{100 * value:.1f}%"
+    if measure.endswith("_rps"):
+        return f"{value:.3g}/s"
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def compare_command(
+    sim_dir: Annotated[Path, typer.Argument(help="a `simulate --out` folder")],
+    real_dirs: Annotated[
+        list[Path], typer.Argument(help="`replay --out` folders (repeats of one request list)")
+    ],
+    policy: Annotated[
+        str | None, typer.Option(help="the simulated policy (needed when there are several)")
+    ] = None,
+    warmup: Annotated[
+        float | None, typer.Option(help="leave out arrivals before this (default: the scenario's warm-up)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for compare.csv, compare.json, CDF plots")] = None,
+) -> None:
+    """The fidelity report: per tier and measure, simulated vs real (mean and range over the real runs)."""
+    try:
+        reals = run_dirs(real_dirs)
+        sim = load_runs(sim_dir, policy)
+        real = [r for d in reals for r in load_runs(d, None)]
+    except InputError as e:
+        fail(e.problems)
+        return
+    if warmup is None:
+        scenario = sim_dir / "scenario.yaml"
+        doc = yaml.safe_load(scenario.read_text()) if scenario.is_file() else {}
+        warmup = float((doc or {}).get("workload", {}).get("warmup_s", 0.0) or 0.0)
+    table = compare(sim, real, warmup)
+    console = Console() if Console().is_terminal else Console(width=160)
+    shown = Table(
+        title=f"simulated ({sim_dir}) vs {len(real)} real runs", header_style="bold", title_justify="left"
+    )
+    for col in ("tier", "measure", "sim", "real mean", "real range", "error", "target", "verdict"):
+        shown.add_column(col, justify="left" if col in ("tier", "measure", "verdict") else "right")
+    for r in table.to_dict("records"):
+        m = str(r["measure"])
+        error, target = float(r["error"]), float(r["target"])
+        err = "-" if not math.isfinite(error) else f"{100 * error:+.1f}%"
+        tol = "" if not math.isfinite(target) else f"±{100 * target:.0f}%"
+        rng = f"{_fmt(m, float(r['real_min']))} – {_fmt(m, float(r['real_max']))}"
+        cells = (_fmt(m, float(r["sim"])), _fmt(m, float(r["real_mean"])), rng, err, tol, str(r["verdict"]))
+        shown.add_row(str(r["tier"]), m, *cells)
+    console.print(shown)
+    ok = overall(table)
+    console.print(f"verdict: {'PASS' if ok else 'FAIL'} (E2E mean/p99 ±10%, TTFT mean ±15%, TTFT p99 ±20%, or "
+                  "inside the real range where the real runs spread wider)")  # fmt: skip
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "compare.csv", index=False)
+        doc = {"sim": str(sim_dir), "real": [str(d) for d in reals], "warmup_s": warmup, "pass": ok,
+               "rows": json.loads(table.to_json(orient="records"))}  # fmt: skip
+        (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n")
+        tiers = [*sorted(set(pd.concat([r.requests["tier"] for r in real + sim]))), "all"]
+        write_cdfs(sim, real, tiers, warmup, out)
+        console.print(f"table and CDF plots in {out}/")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay_command)
+    app.command("compare")(compare_command)

@@ -1,0 +1,1 @@
+"""Open-loop load generation against a live OpenAI-compatible endpoint (`simadmit replay`)."""

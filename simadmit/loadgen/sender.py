@@ -1,0 +1,153 @@
+"""One attempt of one request: a streamed completion, timed at the three instants the tables need.
+
+The body is encoded before the run starts, so sending costs the event loop nothing but the write. The byte
+stream is split on b"\\n" by hand (httpx's `aiter_lines` also splits on Unicode line separators that vLLM
+leaves raw inside its JSON) and only the first data line and the `usage` record are parsed: a token costs a
+`find`, not a JSON decode. Token counts come from `usage`, since several tokens can share a chunk under load.
+A 429 is an answer, not a failure: its Retry-After (seconds, as the header says) goes back to the caller,
+whose `Client` decides whether and when to try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+
+import httpx
+
+# what an attempt came to; "ok" and "rejected" are answers, the rest are failures
+OK, REJECTED, TOO_LONG, ABANDONED = "ok", "rejected", "too_long", "abandoned"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """Times are the event loop's clock (seconds); NaN for what the attempt did not reach."""
+
+    status: str  # ok | rejected | too_long | abandoned | timeout | connect | dropped | http_<code>
+    sent: float
+    answered: float  # response headers received
+    first_token: float
+    finish: float
+    prompt_tokens: int  # as the server counted them (0 when it did not say)
+    output_tokens: int
+    retry_after_s: float  # a 429's Retry-After, NaN otherwise
+    reason: str  # "admitted", or what the server gave as the cause of a rejection or failure
+
+
+def encode_body(model: str, prompt: list[int] | str, max_tokens: int) -> bytes:
+    """The request body: exact prompt, exactly `max_tokens` generated (ignore_eos), streamed with usage."""
+    return json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def retry_after_seconds(value: str | None) -> float:
+    """A Retry-After header in seconds (0 when absent or an HTTP date, which a gateway would not send)."""
+    try:
+        return max(0.0, float(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def rejection_reason(body: bytes) -> str:
+    """The cause a gateway gives in a 429's JSON body (`reason`, or `error.type`), else `http_429`."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return "http_429"
+    if isinstance(doc, dict):
+        if isinstance(doc.get("reason"), str):
+            return str(doc["reason"])
+        err = doc.get("error")
+        if isinstance(err, dict) and isinstance(err.get("type"), str):
+            return str(err["type"])
+    return "http_429"
+
+
+async def send(
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    timeout_s: float,
+    abandon_at: float | None = None,
+) -> AttemptResult:
+    """Send one attempt and stream its answer; never raises for what the server or the network does.
+
+    `abandon_at` (event-loop time) gives up when no token has come by then: the connection is closed,
+    which makes vLLM abort the request, as a client that walks away does.
+    """
+    loop = asyncio.get_running_loop()
+    nan = math.nan
+    sent = loop.time()
+    answered = first = last = nan
+    usage: dict[str, int] | None = None
+
+    def result(status: str, reason: str | None = None, retry_after: float = nan) -> AttemptResult:
+        p = int(usage.get("prompt_tokens", 0)) if usage else 0
+        o = int(usage.get("completion_tokens", 0)) if usage else 0
+        finish = last if status == OK else nan
+        return AttemptResult(status, sent, answered, first, finish, p, o, retry_after, reason or status)
+
+    until = min(sent + timeout_s, abandon_at if abandon_at is not None else math.inf)
+    try:
+        async with asyncio.timeout_at(until) as deadline:
+            async with client.stream(
+                "POST", url, content=body, headers={"content-type": "application/json"}
+            ) as response:
+                answered = loop.time()
+                if response.status_code != 200:
+                    detail = await response.aread()
+                    code = response.status_code
+                    if code == 429:
+                        wait = retry_after_seconds(response.headers.get("retry-after"))
+                        return result(REJECTED, rejection_reason(detail), wait)
+                    if code == 400 and b"context length" in detail.lower():
+                        return result(TOO_LONG)
+                    return result(f"http_{code}")
+                buffer = b""
+                done = False
+                async for data in response.aiter_bytes():
+                    now = last = loop.time()  # every line in this read arrived together
+                    buffer += data
+                    while (cut := buffer.find(b"\n")) >= 0:
+                        line, buffer = buffer[:cut].strip(), buffer[cut + 1 :]
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            continue
+                        # parse only the lines that matter: the first token's, the usage, an error
+                        if first == first and b'"prompt_tokens"' not in payload and b'"error"' not in payload:
+                            continue
+                        event = json.loads(payload)
+                        if "error" in event:
+                            return result("dropped", "stream_error")
+                        if first != first and event.get("choices"):
+                            first = now
+                            deadline.reschedule(sent + timeout_s)  # no abandoning once tokens flow
+                        usage = event.get("usage") or usage
+    except TimeoutError:
+        if abandon_at is not None and first != first and loop.time() >= abandon_at - 1e-3:
+            return result(ABANDONED)
+        return result("timeout")
+    except httpx.TimeoutException:
+        return result("timeout")
+    except httpx.ConnectError:
+        return result("connect")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
+        return result("dropped")
+    if not done or usage is None or first != first:
+        return result("dropped")
+    return result(OK, "admitted")

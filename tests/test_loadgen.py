@@ -1,0 +1,209 @@
+"""The open-loop load generator against a fake streaming server whose timings and 429s are known."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simadmit.cli import app
+from simadmit.config.loading import load_scenario, scenario_from_dict
+from simadmit.loadgen.plan import make_plan
+from simadmit.loadgen.run import ReplayConfig, replay
+from simadmit.loadgen.tables import write_run
+from simadmit.workload.build import generate
+from tests.fake_openai import fake_server
+from tests.helpers import ROOT
+
+PROFILE = str(ROOT / "calibration" / "smollm2-135m-cpu.yaml")
+
+
+def scenario_doc(requests: int = 24, rate: float = 20.0, clients: dict | None = None) -> dict:
+    return {
+        "name": "small",
+        "workload": {
+            "seed": 5,
+            "rate_rps": rate,
+            "requests": requests,
+            "tiers": [
+                {
+                    "name": "chat",
+                    "share": 2,
+                    "prompt_tokens": {"kind": "lognormal", "median": 40, "sigma": 0.5},
+                    "output_tokens": {"kind": "fixed", "value": 6},
+                    "max_tokens": 6,
+                },
+                {
+                    "name": "bulk",
+                    "share": 1,
+                    "prompt_tokens": {"kind": "fixed", "value": 90},
+                    "output_tokens": {"kind": "fixed", "value": 12},
+                    "max_tokens": 12,
+                },
+            ],
+        },  # fmt: skip
+        "pools": [{"name": "cpu", "profile": PROFILE, "replicas": 1}],
+        "clients": clients or {"max_retries": 0},
+        "policies": [{"kind": "unconditional"}],
+    }
+
+
+def write_scenario(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_path: Path) -> None:
+    """Each request leaves at its scheduled time (never early; a slow server does not hold the next one
+    back), asks for exactly its target output, and the table has every column `simulate` writes."""
+    spec = scenario_from_dict(scenario_doc(), tmp_path / "s.yaml")
+    plan = make_plan(spec, tmp_path)
+    with fake_server(ttft_s=0.3, itl_s=0.01) as server:  # each request outlives several arrivals
+        run = replay(plan, ReplayConfig(server.url), random.Random(1))
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    sim_out = tmp_path / "sim"
+    assert (
+        CliRunner()
+        .invoke(app, ["simulate", str(write_scenario(tmp_path, scenario_doc())), "--out", str(sim_out)])
+        .exit_code
+        == 0
+    )
+    simulated = pd.read_parquet(sim_out / "requests.parquet")
+    assert list(simulated.columns) == [c for c in req.columns if c in simulated.columns]
+    assert set(simulated.columns) <= set(req.columns)
+    assert len(req) == len(plan.workload) and (req["outcome"] == "completed").all()
+    assert (req["output_tokens"] == plan.target_output).all()
+    lag = req["arrival_s"] - req["scheduled_send_s"]
+    assert (lag >= 0).all() and lag.max() < 0.2, lag.max()  # open loop: 0.3 s answers never delay a send
+    assert np.allclose(req["scheduled_send_s"], plan.scheduled_s)
+    assert (req["ttft_s"] >= 0.3).all() and (req["e2e_s"] > req["ttft_s"]).all()
+    itl = (req["finish_s"] - req["first_token_s"]) / (req["output_tokens"] - 1)
+    assert 0.009 < itl.median() < 0.1  # the server's 10 ms per token; a loaded machine delays some reads
+    series = pd.read_parquet(tmp_path / "out" / "timeseries.parquet")
+    assert series["arrivals"].sum() == len(req) and {"queued", "running", "kv_usage"} <= set(series.columns)
+
+
+def test_a_429_is_retried_after_retry_after_plus_backoff_as_the_client_says(tmp_path: Path) -> None:
+    """Requests the server turns away once come back after Retry-After (0.2 s) + the backoff (0.1 s, no
+    jitter), then complete; with no retries allowed they end rejected, with the gateway's reason."""
+    clients = {"max_retries": 2, "backoff": {"base_s": 0.1, "jitter": "none"}}
+    spec = scenario_from_dict(scenario_doc(16, clients=clients), tmp_path / "s.yaml")
+    with fake_server(reject_every=2) as server:
+        run = replay(make_plan(spec, tmp_path), ReplayConfig(server.url), random.Random(2))
+    req = write_run(run, spec, tmp_path, tmp_path / "a", "real") and pd.read_parquet(
+        tmp_path / "a" / "requests.parquet"
+    )
+    retried = req[req["attempt"] == 2]
+    assert len(retried) > 0
+    first = req[req["attempt"] == 1].set_index("request_id")
+    rejected = first.loc[retried["request_id"]]
+    assert (rejected["decision"] == "reject").all() and (rejected["reason"] == "would_exceed_sla").all()
+    assert (rejected["retry_after_s"] == 0.2).all()
+    gap = retried.set_index("request_id")["attempt_s"] - rejected["admit_s"].fillna(rejected["attempt_s"])
+    assert (gap >= 0.3 - 1e-3).all()
+    assert (req.groupby("request_id")["outcome"].first() == "completed").all()
+
+    strict = scenario_from_dict(scenario_doc(16), tmp_path / "s.yaml")
+    with fake_server(reject_every=2) as server:
+        run = replay(make_plan(strict, tmp_path), ReplayConfig(server.url), random.Random(3))
+    req = write_run(run, strict, tmp_path, tmp_path / "b", "real") and pd.read_parquet(
+        tmp_path / "b" / "requests.parquet"
+    )
+    even = req["prompt_tokens"] % 2 == 0
+    assert (req.loc[even, "outcome"] == "rejected").all() and (req.loc[~even, "outcome"] == "completed").all()
+    assert req["attempt"].max() == 1
+
+
+def test_the_sent_trace_replays_exactly_the_requests_sent(tmp_path: Path) -> None:
+    """`replayed.yaml` is a valid scenario whose workload is the request list as sent: same lengths,
+    same tiers, arrival times those the client really sent at (from the first one)."""
+    spec = scenario_from_dict(scenario_doc(), tmp_path / "s.yaml")
+    with fake_server() as server:
+        run = replay(make_plan(spec, tmp_path), ReplayConfig(server.url), random.Random(4))
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    again, _ = load_scenario(tmp_path / "out" / "replayed.yaml")
+    w = generate(again.workload)
+    assert w.tier_names == ("chat", "bulk")
+    assert np.allclose(w.arrival, req["arrival_s"] - req["arrival_s"].min(), atol=1e-6)
+    assert (w.prompt == req["prompt_tokens"]).all() and (w.output == req["max_tokens"]).all()
+    assert (w.max_tokens == w.output).all()
+    assert [w.tier_names[t] for t in w.tier] == req["tier"].astype(str).tolist()
+
+
+def test_cli_refuses_a_folder_that_holds_a_run_and_an_unreachable_endpoint(tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path, scenario_doc(4))
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "requests.parquet").write_bytes(b"old")
+    runner = CliRunner()
+    used = runner.invoke(
+        app, ["replay", str(scenario), "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "used")]
+    )
+    assert used.exit_code == 2 and "already holds a run" in used.output
+    assert (tmp_path / "used" / "requests.parquet").read_bytes() == b"old"
+    down = runner.invoke(
+        app, ["replay", str(scenario), "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path / "new")]
+    )
+    assert down.exit_code == 2 and "connection refused" in down.output, down.output
+    assert not (tmp_path / "new" / "requests.parquet").exists()
+
+
+@pytest.mark.parametrize("repeat", [2])
+def test_cli_repeats_into_numbered_folders_with_the_same_request_list(tmp_path: Path, repeat: int) -> None:
+    scenario = write_scenario(tmp_path, scenario_doc(8))
+    with fake_server() as server:
+        result = CliRunner().invoke(
+            app,
+            [
+                "replay",
+                str(scenario),
+                "--endpoint",
+                server.url,
+                "--out",
+                str(tmp_path / "r"),
+                "--repeat",
+                str(repeat),
+            ],
+        )
+    assert result.exit_code == 0, result.output
+    tables = [pd.read_parquet(tmp_path / "r" / f"repeat-{k}" / "requests.parquet") for k in (1, 2)]
+    for col in ("scheduled_send_s", "prompt_tokens", "max_tokens"):
+        assert tables[0][col].tolist() == tables[1][col].tolist()
+    assert "send lag p50" in result.output
+
+
+def test_a_client_that_waits_too_long_for_its_first_token_abandons(tmp_path: Path) -> None:
+    """With `abandon_after_s` shorter than the server's time to first token, every request is abandoned
+    (the connection is closed, which makes vLLM abort it) and none has a latency."""
+    spec = scenario_from_dict(
+        scenario_doc(6, clients={"max_retries": 0, "abandon_after_s": 0.2}), tmp_path / "s.yaml"
+    )
+    with fake_server(ttft_s=1.0) as server:
+        run = replay(make_plan(spec, tmp_path), ReplayConfig(server.url), random.Random(5))
+    assert {a.result.status for a in run.attempts} == {"abandoned"}
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    assert (req["outcome"] == "abandoned").all() and req["ttft_s"].isna().all()
+
+
+def test_metrics_counters_are_summed_over_engines_and_missing_ones_are_nan() -> None:
+    from simadmit.loadgen.metrics import counter_totals
+
+    text = (
+        "# TYPE vllm:request_queue_time_seconds histogram\n"
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5\n'
+        'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 3\n'
+        'vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.5\n'
+        'vllm:request_queue_time_seconds_count{engine="1",model_name="m"} 1\n'
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 2\n'
+    )
+    totals = counter_totals(text)
+    assert totals["queue_time_sum_s"] == 2.0 and totals["queue_time_count"] == 4
+    assert totals["preemptions_total"] == 2 and np.isnan(totals["generation_tokens_total"])

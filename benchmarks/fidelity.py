@@ -40,13 +40,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simadmit.cli.common import write_outputs  # noqa: E402
+from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.loadgen.plan import make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.results.compare import compare, load_runs, overall  # noqa: E402
 from simadmit.results.compare_plots import write_cdfs  # noqa: E402
+from simadmit.results.run_folder import write_folder  # noqa: E402
 from simadmit.study.runner import run_study  # noqa: E402
 
 AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv_first2000.csv"
@@ -147,7 +148,10 @@ def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: fl
         print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up: "  # type: ignore[index]
               f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
     sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
-    write_outputs(run_study(sim_spec, sim_base), out / "sim", sim_spec, sim_base)
+    result = run_study(sim_spec, sim_base)
+    write_folder(
+        out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
+    )
     real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
     sim = load_runs(out / "sim", None)
     table = compare(sim, real, 0.0)

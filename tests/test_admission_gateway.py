@@ -16,6 +16,9 @@ from simadmit.admission.client import Client, ClientConfig
 from simadmit.admission.estimator import CostEstimator, OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway, PoolSnapshot
 from simadmit.admission.policies import GpuSeconds, Request, Unconditional
+from simadmit.admission.predictive import PredictedTtft
+from simadmit.admission.view import EngineModel, ReplicaLoad
+from simadmit.config.profile import StepTimeModel
 
 EST = CostEstimator(prefill_tokens_per_gpu_s=1000.0, decode_tokens_per_gpu_s=100.0)
 
@@ -141,3 +144,38 @@ def test_retry_budget_caps_retries_at_a_fraction_of_first_attempts() -> None:
         client.attempt(1)
         granted.append(client.after_rejection(rid, 1, 0.0, 0.0, float("inf")) is not None)
     assert granted == [True, False, True, False, True, False]
+
+
+def test_replica_loads_own_sends_and_the_prefill_rate() -> None:
+    """A snapshot's replica loads are copied into the view; an admitted request is counted on the replica
+    least-work routing picks (its prompt queued, its charge added) until the next poll; the prefill rate is
+    the counter's rate between polls, smoothed over 5 s: 2,000 tokens in 1 s moves it 1 - e^-0.2 of the way."""
+    gateway = Gateway(Unconditional(), [EST], [8192])
+    loads = (ReplicaLoad(work_gpu_s=2.0, prompt_tokens_total=1000), ReplicaLoad(work_gpu_s=1.0))
+    gateway.refresh(0, PoolSnapshot(0.0, 3.0, {}, 0, 0, 8, 0.0, 2, replicas=loads))
+    decision, est = gateway.decide(Request(1, "interactive", 500, 100, 0.0), 0, 0.0)
+    view = gateway.views[0]
+    assert decision.admit and view.replicas[1].prefill_tokens == 500 and view.replicas[1].waiting == 1
+    assert view.replicas[1].work_gpu_s == pytest.approx(1.0 + est) and view.replicas[0].prefill_tokens == 0
+    assert view.remaining_gpu_s == pytest.approx(est)
+    later = (ReplicaLoad(prompt_tokens_total=3000, polled_at=1.0), ReplicaLoad(polled_at=1.0))
+    gateway.refresh(0, PoolSnapshot(1.0, 0.0, {}, 0, 0, 8, 0.0, 2, replicas=later))
+    assert view.replicas[0].prefill_rate_tps == pytest.approx(2000 * (1 - 2.718281828459045**-0.2))
+    assert view.replicas[1].prefill_tokens == 0  # the poll replaced what this gateway had added
+
+
+def test_the_gateway_passes_first_tokens_and_completions_to_a_learning_policy() -> None:
+    """Predicted TTFT learns the actual/predicted ratio from the first tokens of what it admitted: after 20
+    requests whose first token took twice the prediction, its factor is 2."""
+    policy = PredictedTtft(budgets_s={"interactive": 3.0})
+    gateway = Gateway(policy, [EST], [8192], engines=[EngineModel(StepTimeModel(0.01, 0.0, 0.0, 0.0), 8192)])
+    idle = (ReplicaLoad(max_seqs=8, kv_capacity=10**6),)
+    for rid in range(20):
+        gateway.refresh(0, PoolSnapshot(0.0, 0.0, {}, 0, 0, 8, 0.0, 1, replicas=idle))
+        request = Request(rid, "interactive", 100, 10, 0.0)
+        decision, _ = gateway.decide(request, 0, 0.0)
+        assert decision.predicted_wait_s == pytest.approx(0.01)
+        gateway.observe_first_token(request, 0.0, 0.02)
+        gateway.observe_completion(request, 10, 0.1)
+    assert policy.ratio.factor("interactive") == pytest.approx(2.0)
+    assert policy.outputs.expected("interactive") == 256  # cautious until 100 completions

@@ -35,7 +35,7 @@ def test_simulate_writes_tables_and_prints_the_summary(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "gpu_seconds" in result.output and "TTFT p50" in result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"unconditional", "queue_depth", "gpu_seconds"}
+    assert set(summary) == {"unconditional", "queue_depth", "gpu_seconds", "predicted_ttft"}
     assert set(summary["gpu_seconds"]) == {"interactive", "batch", "all", "pool:llama-8b"}
     assert summary["gpu_seconds"]["pool:llama-8b"]["replicas_mean"] == pytest.approx(4)
     requests = pd.read_parquet(out / "requests.parquet")

@@ -56,3 +56,79 @@ class OutputLearner:
         if n < self.warmup:
             return float(max_tokens)
         return min(float(max_tokens), self.total[tier] / n)
+
+
+class RatioEwma:
+    """Online correction of a prediction, per key: exponentially weighted means of what was predicted and of
+    what then happened, and their ratio as the factor to multiply the next prediction by.
+
+    A ratio of means (not a mean of ratios) so that tiny predictions do not dominate. After a step change
+    the factor moves a fraction `alpha` of the way per observation: after n observations the old regime
+    weighs (1 - alpha)^n. Until `warmup` observations the factor is 1; it is clamped to [low, high] so one
+    odd stretch cannot switch admission off or on entirely.
+    """
+
+    def __init__(self, alpha: float = 0.05, warmup: int = 20, low: float = 0.25, high: float = 4.0) -> None:
+        self.alpha = alpha
+        self.warmup = warmup
+        self.low = low
+        self.high = high
+        self.count: dict[str, int] = {}
+        self.predicted: dict[str, float] = {}
+        self.actual: dict[str, float] = {}
+
+    def observe(self, key: str, predicted: float, actual: float) -> None:
+        n = self.count.get(key, 0) + 1
+        self.count[key] = n
+        a = max(self.alpha, 1.0 / n)  # a plain mean until 1/n falls below alpha: no bias towards zero
+        self.predicted[key] = self.predicted.get(key, 0.0) * (1 - a) + predicted * a
+        self.actual[key] = self.actual.get(key, 0.0) * (1 - a) + actual * a
+
+    def factor(self, key: str) -> float:
+        if self.count.get(key, 0) < self.warmup or self.predicted[key] <= 0:
+            return 1.0
+        return min(self.high, max(self.low, self.actual[key] / self.predicted[key]))
+
+
+class CostCorrection:
+    """Charges each request `estimate x factor(tier)`, the factor an EWMA of true over predicted cost.
+
+    A proxying gateway counts the tokens it streams, so at completion it knows what the request really cost
+    at the profile's rates; the correction follows a shift in output lengths within ~1/alpha completions.
+    """
+
+    def __init__(self, alpha: float = 0.05, warmup: int = 20) -> None:
+        self.ratio = RatioEwma(alpha, warmup, low=0.0, high=1.0)  # never above the max_tokens bound
+
+    def charge(self, tier: str, estimate_gpu_s: float) -> float:
+        return estimate_gpu_s * self.ratio.factor(tier)
+
+    def observe(self, tier: str, predicted_gpu_s: float, actual_gpu_s: float) -> None:
+        self.ratio.observe(tier, predicted_gpu_s, actual_gpu_s)
+
+
+class OutputQuantile:
+    """The q-quantile of the last `window` outputs of each tier (capped at max_tokens): a cautious learned
+    charge between the mean and max_tokens. `max_tokens` until `warmup` completions."""
+
+    def __init__(self, q: float = 0.9, window: int = 512, warmup: int = 20) -> None:
+        self.q = q
+        self.window = window
+        self.warmup = warmup
+        self.seen: dict[str, list[int]] = {}
+        self.next: dict[str, int] = {}
+
+    def observe(self, tier: str, output_tokens: int) -> None:
+        seen = self.seen.setdefault(tier, [])
+        if len(seen) < self.window:
+            seen.append(output_tokens)
+        else:  # ring buffer: the oldest goes
+            i = self.next.get(tier, 0)
+            seen[i] = output_tokens
+            self.next[tier] = (i + 1) % self.window
+
+    def expected_output(self, tier: str, max_tokens: int) -> float:
+        seen = self.seen.get(tier, [])
+        if len(seen) < self.warmup:
+            return float(max_tokens)
+        return min(float(max_tokens), float(np.quantile(seen, self.q)))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from simadmit.admission.view import EngineModel, ReplicaLoad
 from simadmit.config.defaults import (
     DEFAULT_BUDGET_S,
     DEFAULT_BUDGETS_S,
@@ -43,12 +44,16 @@ class PoolView:
     kv_used_fraction: float = 0.0  # KV cache in use, over serving replicas
     available_gpus: int = 0  # GPUs of replicas that are serving
     polled_at: float = 0.0
+    remaining_gpu_s: float = 0.0  # in-flight work still to do: charged GPU-seconds minus progress made
+    replicas: list[ReplicaLoad] = field(default_factory=list)  # per serving replica
+    engine: EngineModel | None = None  # the pool's step-time model, for policies that predict TTFT
 
 
 class Decision(NamedTuple):
     admit: bool
     reason: str
     retry_after_s: float = 0.0
+    predicted_wait_s: float = math.nan  # the X-Queue-Predict-Wait header, when the policy predicts one
 
 
 ADMIT = Decision(True, "admitted")

@@ -173,10 +173,11 @@ class GatewaySpec(Spec):
         description="immediate: route at admission to a replica's waiting queue; "
         "central: hold in the gateway's queue until a replica has a free batch slot",
     )
-    estimate_output: Literal["max_tokens", "learned"] = Field(
+    estimate_output: Literal["max_tokens", "learned", "quantile", "ewma", "oracle"] = Field(
         default="max_tokens",
-        description="what a request's decode is charged: its max_tokens, or the mean output its tier has "
-        "produced so far (capped at max_tokens)",
+        description="what a request's decode is charged: its max_tokens, the mean output its tier has "
+        "produced so far (learned) or its 90th percentile (quantile), both capped at max_tokens; ewma: "
+        "max_tokens x an EWMA of true over charged cost per tier; oracle: the true output (a study's bound)",
     )
     http: GatewayHttpSpec = Field(
         default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
@@ -254,9 +255,93 @@ class GpuSecondsSpec(Spec):
     tier_max_gpu_seconds: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="caps on one tier's in-flight GPU-seconds (e.g. {batch: 6})"
     )
+    work: Literal["admitted", "remaining"] = Field(
+        default="admitted",
+        description="in-flight work: everything charged until it finishes (the article's rule), or what "
+        "remains of it as requests prefill and decode",
+    )
 
 
-PolicySpec = Annotated[UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec, Field(discriminator="kind")]
+class PredictedTtftSpec(Spec):
+    kind: Literal["predicted_ttft"]
+    name: str | None = None
+    budgets_s: dict[str, float] | None = Field(
+        default=None, description="TTFT budget per tier, seconds from the first attempt (default: its SLO)"
+    )
+    e2e_budgets_s: dict[str, float] | None = Field(
+        default=None, description="end-to-end budget per tier (default: its SLO)"
+    )
+    default_budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0, description="budget of other tiers")
+    margin: float = Field(
+        default=0.7, gt=0, le=1.0, description="fraction of the budget a prediction may fill"
+    )
+    correct: bool = Field(default=True, description="learn the actual/predicted TTFT ratio per tier (EWMA)")
+    alpha: float = Field(default=0.05, gt=0, le=1.0, description="EWMA weight of each new observation")
+    queue_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="no tier may push the predicted TTFT past this (default: the smallest budget)",
+    )
+    sheddable_fraction: float = Field(
+        default=0.5, gt=0, le=1.0, description="tiers with a longer budget may fill only this fraction of it"
+    )
+    shed_lost_deadlines: bool = Field(
+        default=True, description="drop admitted requests still queued once their deadline is lost"
+    )
+
+
+class SaturationSpec(Spec):
+    kind: Literal["saturation"]
+    name: str | None = None
+    critical: list[str] | None = Field(
+        default=None, description="tiers never shed (default: the tier with the tightest TTFT SLO)"
+    )
+    queue_depth_threshold: float = Field(default=5.0, gt=0)
+    kv_cache_threshold: float = Field(default=0.8, gt=0)
+    metrics_staleness_s: float = Field(default=0.2, gt=0, description="older metrics count as saturated")
+
+
+class BucketSpec(Spec):
+    rate: float = Field(gt=0, description="input tokens per second")
+    burst: float = Field(gt=0, description="most input tokens saved up")
+
+
+class TokenBucketSpec(Spec):
+    kind: Literal["token_bucket"]
+    name: str | None = None
+    tiers: dict[str, BucketSpec] = Field(description="a bucket per tier (tiers absent: not limited)")
+
+
+class LimitSpec(Spec):
+    rpm: float | None = Field(default=None, gt=0, description="requests per minute")
+    tpm: float | None = Field(default=None, gt=0, description="tokens (prompt + max_tokens) per minute")
+
+
+class RateLimitSpec(Spec):
+    kind: Literal["rate_limit"]
+    name: str | None = None
+    tiers: dict[str, LimitSpec] = Field(description="limits per tier over fixed one-minute windows")
+
+
+class PostHocTokensSpec(Spec):
+    kind: Literal["post_hoc_tokens"]
+    name: str | None = None
+    tokens_per_minute: dict[str, float] = Field(
+        description="per tier: tokens (prompt + output) charged at completion, per one-minute window"
+    )
+
+
+PolicySpec = Annotated[
+    UnconditionalSpec
+    | QueueDepthSpec
+    | GpuSecondsSpec
+    | PredictedTtftSpec
+    | SaturationSpec
+    | TokenBucketSpec
+    | RateLimitSpec
+    | PostHocTokensSpec,
+    Field(discriminator="kind"),
+]
 
 
 class VariantSpec(Spec):
@@ -347,6 +432,6 @@ def engine_limits_problem(max_num_batched_tokens: int, max_num_seqs: int) -> str
     )
 
 
-def policy_name(spec: UnconditionalSpec | QueueDepthSpec | GpuSecondsSpec) -> str:
+def policy_name(spec: Spec) -> str:
     """A policy's name in results and paths: its `name`, or its `kind` when unnamed (`element_name`)."""
     return str(element_name(spec))

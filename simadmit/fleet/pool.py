@@ -4,7 +4,9 @@ It routes each admitted request to a serving replica (least predicted work, roun
 requests) or, with central dispatch, holds it in one FIFO queue until a replica has a free batch slot: the
 textbook single queue feeding c servers. It keeps the books the gateway polls (in-flight predicted
 GPU-seconds of the estimates the gateway charged, queued and running requests, free batch slots, KV use,
-available GPUs) and publishes them as a `PoolSnapshot`. What happens to each request is reported to a
+available GPUs, and per replica the load an engine-aware policy predicts from: running and waiting
+requests, prompt tokens not yet prefilled, KV use) and publishes them as a `PoolSnapshot`. In-flight work is
+also published as what remains: each request's charge less the prefill and the decode tokens already done. What happens to each request is reported to a
 `RequestListener` (the simulation's ledger); the pool writes nothing of anyone else's. An autoscaler may
 add replicas (serving only after their cold start) and drain them (no new work; retired once empty).
 """
@@ -16,10 +18,12 @@ from collections import deque
 import numpy as np
 import simpy
 
+from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
+from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 from simadmit.config.profile import StepTimeModel
 from simadmit.fleet.classical import ClassicalServer
-from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener, Seq, StepObserver
+from simadmit.fleet.engine import DECODE, BatchingEngine, BatchLimits, EngineListener, Seq, StepObserver
 
 
 class RequestListener:
@@ -49,8 +53,10 @@ class Pool(EngineListener):
         limits: BatchLimits | None = None,
         service_s: np.ndarray | None = None,
         observer: StepObserver | None = None,
+        estimator: CostEstimator | None = None,
     ) -> None:
         self.env = env
+        self.estimator = estimator  # prices progress, for the remaining work
         self.index = index
         self.prompt = workload_prompt
         self.output = workload_output
@@ -64,6 +70,11 @@ class Pool(EngineListener):
         self.observer = observer
         self.replicas: list[BatchingEngine | ClassicalServer] = []
         self.work: list[float] = []  # predicted GPU-seconds routed to each replica and not finished
+        self.prefill_tokens: list[
+            int
+        ] = []  # per replica: prompt tokens routed there, first token not yet out
+        self.prefill_pairs: list[float] = []  # their attention pairs
+        self.prompt_tokens_total: list[int] = []  # per replica: prompt tokens prefilled (a metrics counter)
         self.serving: list[int] = []  # ready and not draining
         self.starting = 0
         self.starts: list[list[bool]] = []  # replicas still in their cold start, oldest first
@@ -79,6 +90,7 @@ class Pool(EngineListener):
         self.estimate: dict[int, float] = {}
         self.replica_of: dict[int, int] = {}
         self.started: set[int] = set()  # in flight and scheduled at least once
+        self.prefilled: set[int] = set()  # in flight and past their first token
         self.queue: deque[int] = deque()  # central dispatch queue
         self.in_queue: set[int] = set()
         self.rr = 0
@@ -105,6 +117,9 @@ class Pool(EngineListener):
             engine = BatchingEngine(self.env, i, self.step, self.limits, self, self.observer)
         self.replicas.append(engine)
         self.work.append(0.0)
+        self.prefill_tokens.append(0)
+        self.prefill_pairs.append(0.0)
+        self.prompt_tokens_total.append(0)
         self.lifetimes.append([self.env.now, float("inf")])
         self.serving.append(i)
         self._log()
@@ -159,15 +174,46 @@ class Pool(EngineListener):
         """The pool's books as its replicas' metrics endpoints would publish them now."""
         free = 0
         kv_used = kv_cap = 0
+        now = self.env.now
+        loads = []
         for i in self.serving:
             engine = self.replicas[i]
             free += max(0, engine.max_seqs - engine.n_running - engine.n_waiting)
             kv_used += engine.kv_used
             kv_cap += engine.kv_cap
+            # chunked prefills under way have computed part of their prompt (a few sequences at most)
+            computed = sum(seq.computed for seq in getattr(engine, "prefilling", ()))
+            loads.append(
+                ReplicaLoad(
+                    engine.n_running, engine.n_waiting, self.prefill_tokens[i] - computed, self.prefill_pairs[i],
+                    engine.kv_used, engine.kv_cap, engine.max_seqs, self.work[i], self.prompt_tokens_total[i],
+                    polled_at=now,
+                )
+            )  # fmt: skip
         return PoolSnapshot(
-            self.env.now, self.in_flight_gpu_s, dict(self.in_flight_by_tier), self.queued, self.running, free,
-            kv_used / kv_cap if kv_cap else 0.0, self.available_gpus,
+            now, self.in_flight_gpu_s, dict(self.in_flight_by_tier), self.queued, self.running, free,
+            kv_used / kv_cap if kv_cap else 0.0, self.available_gpus, self.remaining_gpu_s(), tuple(loads),
         )  # fmt: skip
+
+    def remaining_gpu_s(self) -> float:
+        """In-flight work still to do: each request's charge less its prefill (once its first token is out)
+        and the tokens it has decoded, priced at the estimator's rates, never below zero per request. Only
+        the requests in a batch have progress, so this costs at most the batch slots of the pool."""
+        est = self.estimator
+        if est is None:
+            return self.in_flight_gpu_s
+        done = 0.0
+        pre, dec = est.prefill_tokens_per_gpu_s, est.decode_tokens_per_gpu_s
+        for rid in self.started:
+            seq = self.seqs.get(rid)
+            if seq is None or rid not in self.prefilled:
+                continue
+            engine = self.replicas[self.replica_of[rid]]
+            generated = seq.generated
+            if seq.state == DECODE and isinstance(engine, BatchingEngine):  # decoders keep a lazy clock
+                generated = seq.gen_join + engine.clock - seq.join_clock
+            done += min(self.estimate[rid], self.prompt[rid] / pre + generated / dec)
+        return max(0.0, self.in_flight_gpu_s - done)
 
     def admit(self, rid: int, tier: str, estimate_gpu_s: float) -> None:
         """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it."""
@@ -194,6 +240,8 @@ class Pool(EngineListener):
             r = self.replica_of[rid]
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
+            if rid not in self.prefilled:
+                self._prefill_done(rid, r)
             if r in self.draining:
                 self._retire_if_empty(r)
         if rid in self.started:
@@ -217,7 +265,15 @@ class Pool(EngineListener):
         self.replica_of[rid] = r
         self.listener.on_routed(rid, r)
         self.work[r] += self.estimate[rid]
-        self.seqs[rid] = self.replicas[r].submit(rid, self.prompt[rid], self.output[rid])
+        prompt = self.prompt[rid]
+        self.prefill_tokens[r] += prompt
+        self.prefill_pairs[r] += prompt_attention_pairs(prompt)
+        self.seqs[rid] = self.replicas[r].submit(rid, prompt, self.output[rid])
+
+    def _prefill_done(self, rid: int, r: int) -> None:
+        prompt = self.prompt[rid]
+        self.prefill_tokens[r] -= prompt
+        self.prefill_pairs[r] -= prompt_attention_pairs(prompt)
 
     def _dispatch(self) -> None:
         queue = self.queue
@@ -242,6 +298,10 @@ class Pool(EngineListener):
         self.listener.on_scheduled(rid, now)
 
     def on_first_token(self, rid: int, now: float) -> None:
+        self.prefilled.add(rid)
+        r = self.replica_of[rid]
+        self._prefill_done(rid, r)
+        self.prompt_tokens_total[r] += self.prompt[rid]
         self.listener.on_first_token(rid, now)
 
     def on_finish(self, rid: int, now: float) -> None:
@@ -258,6 +318,7 @@ class Pool(EngineListener):
         self.in_flight_by_tier[tier] -= est
         self.replica_of.pop(rid, None)
         self.started.discard(rid)
+        self.prefilled.discard(rid)
 
     def on_slot_free(self, replica: int) -> None:
         if replica in self.draining:

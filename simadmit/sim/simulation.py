@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 from simadmit.admission.client import Client
-from simadmit.admission.estimator import OutputLearner
+from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLearner, OutputQuantile
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import AdmissionPolicy, Request
+from simadmit.admission.predictive import StatefulPolicy
+from simadmit.admission.view import EngineModel
 from simadmit.fleet.autoscaler import HorizontalAutoscaler, queue_wait_load
 from simadmit.fleet.engine import StepObserver
 from simadmit.fleet.pool import Pool, RequestListener
@@ -44,6 +46,7 @@ class RunResult:
     peak_in_flight_gpu_s: list[float]  # per pool: the most work ever in flight
     end_s: float
     events: int
+    shed: list[int] = field(default_factory=list)  # admitted requests dropped once their deadline was lost
 
 
 def policy_requests(workload: Workload) -> list[Request]:
@@ -99,17 +102,36 @@ class Simulation(RequestListener):
                 Pool(
                     env, p, cfg.replicas, cfg.gpus_per_replica, prompt, self.output, self, world.gateway.routing,
                     central, cfg.profile.step_time, cfg.limits, service, observer,
+                    CostEstimator.from_profile(cfg.gateway_profile),
                 )
             )  # fmt: skip
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
         self.charged = [
-            cfg.estimator.estimate_many(workload.prompt, workload.max_tokens) for cfg in world.pools
+            CostEstimator.from_profile(cfg.gateway_profile).estimate_many(
+                workload.prompt, workload.max_tokens
+            )
+            for cfg in world.pools
         ]
         g = world.gateway
-        learner = OutputLearner() if g.estimate_output == "learned" else None  # all gateways see all streams
-        estimators = [cfg.estimator for cfg in world.pools]
+        if isinstance(policy, StatefulPolicy):  # every run starts with nothing learned
+            policy = policy.fresh()
+        mode = g.estimate_output
+        learner: OutputLearner | OutputQuantile | None = None  # all gateways see all streams
+        if mode == "learned":
+            learner = OutputLearner()
+        elif mode == "quantile":
+            learner = OutputQuantile()
+        correction = CostCorrection() if mode == "ewma" else None
+        self.oracle = mode == "oracle"  # a study's bound: the gateway charges the true output
+        estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
-        self.gateways = [Gateway(policy, estimators, limits, learner) for _ in range(g.replicas)]
+        engines = [
+            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens)
+            for cfg in world.pools
+        ]
+        self.gateways = [
+            Gateway(policy, estimators, limits, learner, engines, correction) for _ in range(g.replicas)
+        ]
         self.live = g.poll_interval_s == 0
         self.next_gateway = 0
         self.client = Client(world.clients, np.random.default_rng([seed, 3]).random)
@@ -119,6 +141,10 @@ class Simulation(RequestListener):
         self.next_arrival = 0
         self.progress = progress
         self.events = 0
+        # post-queue shedding: admitted requests with a deadline, not finished -> their pool
+        self.sheds = isinstance(policy, StatefulPolicy) and bool(np.isfinite(workload.deadline).any())
+        self.waiting_with_deadline: dict[int, int] = {}
+        self.shed: list[int] = []
 
     # --- arrivals and decisions ------------------------------------------------------------------------
 
@@ -138,6 +164,8 @@ class Simulation(RequestListener):
                 )
         if self.n:
             env.timeout(self.arrival[0]).callbacks.append(self._arrive)
+        if self.sheds:
+            env.timeout(self.shed_interval_s).callbacks.append(self._shed_loop)
         while True:
             try:
                 env.step()
@@ -161,7 +189,7 @@ class Simulation(RequestListener):
             [[[a, min(b, env.now)] for a, b in pool.lifetimes] for pool in self.pools],
             [pool.replica_log for pool in self.pools],
             [pool.peak_in_flight_gpu_s for pool in self.pools],
-            env.now, self.events,
+            env.now, self.events, self.shed,
         )  # fmt: skip
 
     def _arrive(self, _ev: simpy.Event) -> None:
@@ -191,7 +219,7 @@ class Simulation(RequestListener):
         if self.live:
             gateway.refresh(p, self.pools[p].snapshot())
         request = self.requests[rid]
-        decision, est = gateway.decide(request, p, now)
+        decision, est = gateway.decide(request, p, now, self.output[rid] if self.oracle else None)
         led.att_rid.append(rid)
         led.att_time.append(now)
         led.att_gateway.append(g)
@@ -206,6 +234,8 @@ class Simulation(RequestListener):
         if decision.admit:
             led.admit[rid] = now
             led.pool[rid] = p
+            if self.sheds and request.deadline_s is not None:
+                self.waiting_with_deadline[rid] = p
             self.pools[p].admit(rid, request.tier, est)
             return
         self.pool_rejects[p] += 1
@@ -241,15 +271,18 @@ class Simulation(RequestListener):
 
     def on_first_token(self, rid: int, now: float) -> None:
         self.ledger.first_token[rid] = now
+        self.gateways[0].observe_first_token(self.requests[rid], self.ledger.admit[rid], now)
 
     def on_finish(self, rid: int, now: float) -> None:
+        self.waiting_with_deadline.pop(rid, None)
         led = self.ledger
         led.finish[rid] = now
         led.outcome[rid] = COMPLETED
-        self.gateways[0].observe_completion(self.requests[rid], self.output[rid])
+        self.gateways[0].observe_completion(self.requests[rid], self.output[rid], now, led.pool[rid])
         self._done(rid)
 
     def on_aborted(self, rid: int, now: float) -> None:
+        self.waiting_with_deadline.pop(rid, None)
         led = self.ledger
         led.finish[rid] = now
         led.outcome[rid] = ABORTED
@@ -286,6 +319,25 @@ class Simulation(RequestListener):
             # the busy time of the replicas serving from now on is the baseline of the next period
             base = (sum(pool.replicas[i].busy_time(now) for i in pool.serving), attempts, rejects)
             self.env.timeout(period).callbacks.append(lambda _e: self._autoscale(p, scaler, rng, base))
+
+    # --- post-queue shedding ----------------------------------------------------------------------------
+
+    @property
+    def shed_interval_s(self) -> float:
+        """Admitted requests are swept for lost deadlines as often as gateways poll (every 0.1 s when they
+        read live); the policy says which to drop."""
+        return self.world.gateway.poll_interval_s or 0.1
+
+    def _shed_loop(self, _ev: simpy.Event) -> None:
+        now = self.env.now
+        gateway = self.gateways[0]
+        scheduled = self.ledger.scheduled
+        for rid, p in list(self.waiting_with_deadline.items()):
+            if gateway.lost(self.requests[rid], p, now, scheduled[rid] == scheduled[rid]):
+                self.shed.append(rid)
+                self.pools[p].abort(rid)  # reported back as aborted: the ledger's outcome
+        if self.next_arrival < self.n or self.waiting_with_deadline:
+            self.env.timeout(self.shed_interval_s).callbacks.append(self._shed_loop)
 
     # --- gateway polling -------------------------------------------------------------------------------
 

@@ -6,12 +6,15 @@ limits, gateway and client settings, and one `AdmissionPolicy` object per policy
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from simadmit.admission import policies
+from simadmit.admission import baselines, policies
 from simadmit.admission.client import ClientConfig
 from simadmit.admission.estimator import CostEstimator
+from simadmit.admission.predictive import GpuSecondsOnRemaining, PredictedTtft
+from simadmit.config.defaults import DEFAULT_BUDGETS_S
 from simadmit.config.profile import Profile, load_profile
 from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import (
@@ -19,8 +22,13 @@ from simadmit.config.schema import (
     GpuSecondsSpec,
     PolicySpec,
     PoolSpec,
+    PostHocTokensSpec,
+    PredictedTtftSpec,
     QueueDepthSpec,
+    RateLimitSpec,
+    SaturationSpec,
     ScenarioSpec,
+    TokenBucketSpec,
     policy_name,
 )
 from simadmit.fleet.autoscaler import AutoscalerConfig
@@ -41,10 +49,16 @@ class PoolConfig:
     service: Distribution | None = None  # set: a classical server with this service time
     autoscaler: AutoscalerConfig | None = None
     cold_start: Distribution | None = None
+    believed: Profile | None = None  # the profile the gateways use, if not the engines' (a calibration error)
 
     @property
     def estimator(self) -> CostEstimator:
+        """Prices at the engines' true profile: what work really costs."""
         return CostEstimator.from_profile(self.profile)
+
+    @property
+    def gateway_profile(self) -> Profile:
+        return self.believed or self.profile
 
 
 @dataclass(frozen=True)
@@ -68,22 +82,50 @@ class World:
     warmup_s: float
 
 
-def build_policy(spec: PolicySpec) -> policies.AdmissionPolicy:
+def build_policy(
+    spec: PolicySpec, slos: dict[str, tuple[float, float]] | None = None
+) -> policies.AdmissionPolicy:
+    """The policy object of a spec; `slos` (tier -> TTFT, E2E SLO) set defaults: the predictive policy's
+    budgets, the tier saturation shedding never sheds."""
+    slos = slos or {}
     if isinstance(spec, QueueDepthSpec):
         return policies.QueueDepth(spec.max_queued, spec.retry_after_s)
     if isinstance(spec, GpuSecondsSpec):
-        return policies.GpuSeconds(
+        kind = GpuSecondsOnRemaining if spec.work == "remaining" else policies.GpuSeconds
+        return kind(
             dict(spec.budgets_s),
             spec.default_budget_s,
             spec.headroom,
             spec.max_pool_gpu_seconds,
             dict(spec.tier_max_gpu_seconds),
         )
+    if isinstance(spec, PredictedTtftSpec):
+        ttft = spec.budgets_s if spec.budgets_s is not None else {t: v[0] for t, v in slos.items()}
+        e2e = spec.e2e_budgets_s if spec.e2e_budgets_s is not None else {t: v[1] for t, v in slos.items()}
+        return PredictedTtft(
+            dict(ttft) or dict(DEFAULT_BUDGETS_S), spec.default_budget_s,
+            {t: v for t, v in e2e.items() if math.isfinite(v)}, spec.margin, spec.correct, spec.alpha,
+            spec.queue_budget_s, spec.sheddable_fraction, shed_lost_deadlines=spec.shed_lost_deadlines,
+        )  # fmt: skip
+    if isinstance(spec, SaturationSpec):
+        critical = spec.critical
+        if critical is None:
+            critical = [min(slos, key=lambda t: slos[t][0])] if slos else []
+        return baselines.SaturationShedding(
+            frozenset(critical), spec.queue_depth_threshold, spec.kv_cache_threshold, spec.metrics_staleness_s
+        )
+    if isinstance(spec, TokenBucketSpec):
+        return baselines.TokenBucket({t: (b.rate, b.burst) for t, b in spec.tiers.items()})
+    if isinstance(spec, RateLimitSpec):
+        return baselines.RateLimits({t: (lim.rpm, lim.tpm) for t, lim in spec.tiers.items()})
+    if isinstance(spec, PostHocTokensSpec):
+        return baselines.PostHocTokens(dict(spec.tokens_per_minute))
     return policies.Unconditional()
 
 
 def build_policies(spec: ScenarioSpec) -> dict[str, policies.AdmissionPolicy]:
-    return {policy_name(p): build_policy(p) for p in spec.policies}
+    slos = {t.name: (t.slo.ttft_s, t.slo.e2e_s) for t in spec.workload.tiers}
+    return {policy_name(p): build_policy(p, slos) for p in spec.policies}
 
 
 def _autoscaler(pool: PoolSpec) -> AutoscalerConfig | None:

@@ -1,0 +1,123 @@
+"""What a gateway sees of one engine replica: the figures a vLLM metrics endpoint (and a proxy counting the
+prompts it forwarded) publishes, and what the gateway itself sent there since it last polled.
+
+An engine-aware policy predicts a request's time to first token from these: free batch slots, KV-cache use,
+and the prompt tokens still to prefill ahead of it. Plain data, no simulator imports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """One serving replica's load at its last poll, advanced by this gateway's own sends since."""
+
+    running: int = 0  # sequences in the batch (prefilling or decoding): vllm:num_requests_running
+    waiting: int = 0  # sent to it, not yet scheduled: vllm:num_requests_waiting
+    prefill_tokens: int = 0  # prompt tokens sent to it whose first token has not come yet
+    prefill_pairs: float = 0.0  # their prefill attention pairs, sum of p * (p + 1) / 2
+    kv_used: int = 0  # KV-cache tokens held: vllm:kv_cache_usage_perc x capacity
+    kv_capacity: int = 0
+    max_seqs: int = 0  # batch slots (--max-num-seqs)
+    work_gpu_s: float = 0.0  # GPU-seconds charged to it and unfinished: what least-work routing compares
+    prompt_tokens_total: int = 0  # prompt tokens prefilled since it started: vllm:prompt_tokens_total
+    prefill_rate_tps: float = 0.0  # the gateway's smoothed rate of that counter, tokens per second
+    polled_at: float = 0.0  # when these metrics were read
+
+    @property
+    def kv_used_fraction(self) -> float:
+        return self.kv_used / self.kv_capacity if self.kv_capacity else 0.0
+
+    def add(self, prompt_tokens: int, estimate_gpu_s: float) -> None:
+        """This gateway sent a request of `prompt_tokens` here: count it until the next poll says otherwise."""
+        self.waiting += 1
+        self.prefill_tokens += prompt_tokens
+        self.prefill_pairs += prompt_attention_pairs(prompt_tokens)
+        self.work_gpu_s += estimate_gpu_s
+
+
+def prompt_attention_pairs(prompt_tokens: int) -> float:
+    """Attention pairs of a whole prompt's prefill, however it is chunked."""
+    return prefill_attention_pairs(prompt_tokens, 0)
+
+
+def least_work(replicas: list[ReplicaLoad]) -> int:
+    """Index of the replica least-work routing picks (the first of equals)."""
+    best = 0
+    for i in range(1, len(replicas)):
+        if replicas[i].work_gpu_s < replicas[best].work_gpu_s:
+            best = i
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModel:
+    """What a gateway knows of a pool's engines: the profile's step-time model and the token budget.
+
+    `ttft` simulates a replica forward in closed form: the prompt tokens ahead of a new request (FCFS) and
+    its own are prefilled in chunks of what the decoding batch leaves of the token budget, each step lasting
+    the step model's time; if no batch slot or not enough KV cache is free, it first waits for finishes,
+    which a full batch of `d` sequences of mean output `m` produces at `d / m` per step (renewal rate),
+    each step slowed by the prefill chunks it carries (`decode_step`).
+    """
+
+    step: StepTimeModel
+    max_num_batched_tokens: int
+
+    def decode_step(self, load: ReplicaLoad, prompt_tokens: int) -> float:
+        """Predicted seconds per output token once a request of `prompt_tokens` joins the batch of `load`:
+        the step time with every running and waiting sequence decoding (up to the batch slots), stretched
+        by the share of each step that prefill chunks take at the replica's recent prefill rate (chunked
+        prefill shares the steps with decodes: at saturation most of each step is prefill). The prompts
+        queued now are ahead of the request (FCFS): they delay its first token, not its decode."""
+        s = self.step
+        batch = load.running + load.waiting + 1
+        if load.max_seqs:
+            batch = min(batch, load.max_seqs)
+        context = load.kv_used + load.prefill_tokens + prompt_tokens
+        if load.kv_capacity:
+            context = min(context, load.kv_capacity)
+        decode = s.overhead_s + s.per_decode_seq_s * batch + s.per_context_token_s * context
+        prefill_share = min(0.95, (s.per_prefill_token_s + s.per_context_token_s) * load.prefill_rate_tps)
+        return decode / (1.0 - prefill_share)
+
+    def ttft(self, load: ReplicaLoad, prompt_tokens: int, mean_output: float) -> float:
+        """Predicted seconds from now to the first token of a request of `prompt_tokens` sent to `load`."""
+        s = self.step
+        decoding = load.running
+        per_step = max(1, self.max_num_batched_tokens - decoding)
+        decode_step = s.overhead_s + s.per_decode_seq_s * decoding + s.per_context_token_s * load.kv_used
+        # the step in progress carries the head of the prompt queue and is, on average, half done
+        chunk = min(per_step, load.prefill_tokens)
+        t = 0.0
+        if decoding or load.waiting:
+            t = (decode_step + (s.per_prefill_token_s + s.per_context_token_s) * chunk) / 2
+        tokens = load.prefill_tokens - chunk + prompt_tokens
+        steps = max(1, math.ceil(tokens / per_step))
+        t += (
+            steps * decode_step
+            + s.per_prefill_token_s * tokens
+            + s.per_context_token_s * tokens * (steps + 1) / 2  # the prompts' KV, held as it fills
+            + s.per_prefill_attention_s * (load.prefill_pairs + prompt_attention_pairs(prompt_tokens))
+        )
+        tokens += chunk
+        if not decoding:
+            return t
+        # steps until a slot frees: finishes come at decoding / mean_output per step (renewal rate)
+        finishes = load.running + load.waiting + 1 - load.max_seqs if load.max_seqs else 0
+        wait_steps = max(0.0, finishes * mean_output / decoding)
+        kv_short = load.kv_used + tokens - load.kv_capacity if load.kv_capacity else 0
+        if kv_short > 0:  # KV frees at kv_used / mean_output per step, while decoders grow it by one each
+            freed = load.kv_used / mean_output - decoding
+            wait_steps = max(wait_steps, kv_short / freed if freed > 0 else math.inf)
+        if wait_steps > 0:  # the steps until then also carry the prompts queued beyond the next step
+            batch = min(load.running + load.waiting, load.max_seqs) if load.max_seqs else decoding
+            chunk = min(max(0, self.max_num_batched_tokens - batch), max(0, load.prefill_tokens - per_step))
+            step = decode_step + (s.per_prefill_token_s + s.per_context_token_s) * chunk
+            t += wait_steps * max(step, self.decode_step(load, 0))
+        return t

@@ -1,0 +1,46 @@
+"""Deadlines: what a run did with requests that carried one, and the GPU time spent on lost causes.
+
+A request with a deadline that completes after it was served for nothing: its GPU-seconds (at the
+profile's saturation rates, for its true lengths) are wasted. Door rejection (predicted late: never
+admitted) and post-queue shedding (admitted, still queued when the deadline was lost: dropped before any
+GPU time) are the two ways to waste less; this counts both and what was wasted anyway.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simadmit.sim.ledger import COMPLETED
+from simadmit.sim.simulation import RunResult
+from simadmit.sim.world import World
+from simadmit.workload.build import Workload
+
+
+def deadline_report(result: RunResult, workload: Workload, world: World) -> dict[str, float]:
+    """Counts and GPU-seconds over the requests that had a deadline (all arrivals, warm-up included)."""
+    led = result.ledger
+    has = np.isfinite(workload.deadline)
+    finish = np.array(led.finish, dtype=float)
+    done = np.array(led.outcome) == COMPLETED
+    late = has & done & (finish > workload.deadline)
+    cost = np.zeros(len(workload))
+    for p, cfg in enumerate(world.pools):
+        mine = np.array(led.pool) == p
+        cost[mine] = cfg.estimator.estimate_many(workload.prompt[mine], workload.output[mine])
+    served = has & done
+    scheduled = np.array(led.scheduled, dtype=float)
+    shed = np.zeros(len(workload), dtype=bool)
+    shed[result.shed] = True
+    shed_running = shed & ~np.isnan(scheduled)
+    return {
+        "with_deadline": int(has.sum()),
+        "completed_in_time": int((served & ~late).sum()),
+        "completed_late": int(late.sum()),
+        "shed_queued": int((shed & np.isnan(scheduled)).sum()),  # dropped before any GPU time
+        "shed_running": int(shed_running.sum()),  # aborted past their deadline, part of their work done
+        "wasted_gpu_s": float(cost[late].sum()),  # the full cost of answers delivered late
+        "wasted_share": float(cost[late].sum() / cost[served].sum()) if served.any() else math.nan,
+        "shed_running_gpu_s_at_most": float(cost[shed_running].sum()),  # bound on the aborted ones' work
+    }

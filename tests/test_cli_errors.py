@@ -482,3 +482,17 @@ def test_calibrate_input(case: CalibrateCase, tmp_path: Path) -> None:
         assert case.fragment in result.stderr, result.stderr
         return
     assert_outcome(result, case.code, case.fragment)
+
+
+STUDY_SEED_CASES = [
+    ("sweep", "--param", "workload.rate_multiplier=1", "--seed", "-1"),
+    ("optimize", "--slo", "interactive.ttft_p99<=3s", "--seed", "-2"),
+]
+
+
+@pytest.mark.parametrize("args", STUDY_SEED_CASES, ids=[a[0] for a in STUDY_SEED_CASES])
+def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
+    """A seed the random streams refuse is one line and exit 2 before anything runs, as under `simulate`."""
+    result = simadmit(args[0], "default", *args[1:], "--out", str(tmp_path / "out"))
+    assert_outcome(result, 2, "--seed: must be a whole number from 0")
+    assert not (tmp_path / "out").exists()

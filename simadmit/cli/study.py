@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simadmit.cli.common import fail
+from simadmit.cli.common import check_seed, fail
 from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
@@ -85,6 +85,7 @@ def sweep(
 ) -> None:
     """Run every combination of parameter values through every policy; resume where a previous run stopped."""
     try:
+        check_seed(seed, replications)
         path = resolve_scenario(scenario)
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
         check_destination(out, replace=False)
@@ -213,6 +214,7 @@ def optimize_cmd(
     if not slo:
         problems.append("--slo: give at least one SLO, e.g. --slo 'interactive.ttft_p99<=3s'")
     try:
+        check_seed(seed, replications + fresh_seeds)
         overrides = parse_assignments(set_)
         check_destination(out, replace=False)
     except InputError as e:

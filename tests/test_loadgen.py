@@ -207,3 +207,12 @@ def test_metrics_counters_are_summed_over_engines_and_missing_ones_are_nan() -> 
     totals = counter_totals(text)
     assert totals["queue_time_sum_s"] == 2.0 and totals["queue_time_count"] == 4
     assert totals["preemptions_total"] == 2 and np.isnan(totals["generation_tokens_total"])
+
+
+def test_stream_lines_split_on_newline_bytes_only() -> None:
+    """A JSON payload holding a raw Unicode line separator stays whole; an unfinished line waits for more bytes."""
+    from simadmit.calibrate.client import sse_payloads
+
+    text = '{"choices": [{"text": "a\u2028b"}]}'.encode()
+    payloads, rest = sse_payloads(b"data: " + text + b'\n\n: keep-alive\ndata: [DONE]\ndata: {"us')
+    assert payloads == [text, b"[DONE]"] and rest == b'data: {"us'

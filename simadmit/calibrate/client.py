@@ -128,6 +128,15 @@ def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
     return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
 
 
+def sse_payloads(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The `data:` payloads of the complete lines in a streamed response, and the unfinished rest.
+
+    Split on b"\\n" only: vLLM emits raw Unicode line separators inside its JSON, which a text splitter cuts.
+    """
+    *lines, rest = buffer.split(b"\n")
+    return [line.strip()[5:].strip() for line in lines if line.strip().startswith(b"data:")], rest
+
+
 async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
     """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
     try:
@@ -235,11 +244,8 @@ async def stream_completion(
                     now = time.perf_counter()  # every line in this read arrived together
                     IN_FLIGHT.heard(key)
                     buffer += data
-                    while (cut := buffer.find(b"\n")) >= 0:
-                        line, buffer = buffer[:cut].strip(), buffer[cut + 1 :]
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
+                    payloads, buffer = sse_payloads(buffer)
+                    for payload in payloads:
                         if payload == b"[DONE]":
                             done = True
                             continue

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from simadmit.calibrate.client import sse_payloads
+
 # what an attempt came to; "ok" and "rejected" are answers, the rest are failures
 OK, REJECTED, TOO_LONG, ABANDONED = "ok", "rejected", "too_long", "abandoned"
 
@@ -120,11 +122,8 @@ async def send(
                 async for data in response.aiter_bytes():
                     now = last = loop.time()  # every line in this read arrived together
                     buffer += data
-                    while (cut := buffer.find(b"\n")) >= 0:
-                        line, buffer = buffer[:cut].strip(), buffer[cut + 1 :]
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
+                    payloads, buffer = sse_payloads(buffer)
+                    for payload in payloads:
                         if payload == b"[DONE]":
                             done = True
                             continue

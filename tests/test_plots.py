@@ -25,7 +25,7 @@ from tests.test_sweep import short_scenario
 
 matplotlib.use("Agg")
 runner = CliRunner()
-POLICIES = {"unconditional", "queue_depth", "gpu_seconds"}
+POLICIES = {"unconditional", "queue_depth", "gpu_seconds", "predicted_ttft"}
 SLO = {"interactive": {"ttft_s": 3.0, "e2e_s": 15.0}, "batch": {"ttft_s": 60.0, "e2e_s": 120.0}}
 
 
@@ -64,7 +64,13 @@ def test_p99_vs_utilization(sweep_dir: Path) -> None:
     assert ttft.get_ylabel() == "p99 TTFT (s)" and e2e.get_ylabel() == "p99 end-to-end latency (s)"
     assert ttft.get_yscale() == "log"
     curves = _curves(ttft)
-    names = {"unconditional", "queue_depth", "gpu_seconds, headroom=0.8", "gpu_seconds, headroom=1"}
+    names = {
+        "unconditional",
+        "queue_depth",
+        "predicted_ttft",
+        "gpu_seconds, headroom=0.8",
+        "gpu_seconds, headroom=1",
+    }
     assert set(curves) == names | {f"{n} (served)" for n in names} | {"SLA 3 s"}
     # served p99s are finite; over every arrival a p99 is infinite exactly where more than 1% failed
     interactive = table[table["tier"] == "interactive"]
@@ -74,7 +80,9 @@ def test_p99_vs_utilization(sweep_dir: Path) -> None:
     assert list(curves["SLA 3 s"]) == [3.0, 3.0]
     assert "SLA 15 s" in _curves(e2e)
     x = np.concatenate([line.get_xdata() for line in ttft.get_lines()[:-1]])
-    assert 0 < x.min() and x.max() <= 100
+    # work is priced at the profile's saturation rates (decode at 1,024 tokens of context), so a batch of
+    # shorter contexts can do more than 100% of it: the axis is positive and finite, not capped
+    assert 0 < x.min() and np.isfinite(x).all()
 
 
 def test_rejection_and_goodput_vs_load(sweep_dir: Path) -> None:

@@ -76,7 +76,8 @@ def test_rows_equal_individual_runs(tmp_path: Path) -> None:
     table = run_sweep(plan, tmp_path / "out", jobs=2)
     groups = table["tier"].nunique()  # two tiers, "all", and per-pool figures
     assert {"interactive", "batch", "all"} <= set(table["tier"])
-    assert len(table) == 4 * 3 * groups  # points x policies x groups
+    assert len(table) == 4 * table["policy"].nunique() * groups  # points x policies x groups
+    assert table["policy"].nunique() == len(load_scenario(scenario)[0].policies)
     assert (tmp_path / "out" / "sweep.parquet").is_file() and (tmp_path / "out" / "sweep.csv").is_file()
     assert len(pd.read_csv(tmp_path / "out" / "sweep.csv")) == len(table)
     for point in plan.points:
@@ -89,7 +90,7 @@ def test_rows_equal_individual_runs(tmp_path: Path) -> None:
             (table["workload.rate_multiplier"] == overrides["workload.rate_multiplier"])
             & (table["policies.gpu_seconds.headroom"] == overrides["policies.gpu_seconds.headroom"])
         ]
-        assert len(mine) == 3 * groups == 3 * len(expected["unconditional"])
+        assert len(mine) == len(expected) * groups == len(expected) * len(expected["unconditional"])
         for _, row in mine.iterrows():
             for measure, value in expected[row["policy"]][row["tier"]].items():
                 got = row[measure]
@@ -177,12 +178,12 @@ def test_sweep_command(tmp_path: Path) -> None:
     assert "best utilization target, interactive" in result.output
     assert all(len(line) <= 80 for line in result.output.splitlines() if str(out) not in line)
     targets = pd.read_csv(out / "utilization_targets_interactive.csv")
-    assert set(targets["policy"]) == {"unconditional", "queue_depth", "gpu_seconds"}
+    assert set(targets["policy"]) == {"unconditional", "queue_depth", "gpu_seconds", "predicted_ttft"}
     assert targets["utilization_target"].between(0, 1).all()
     again = runner.invoke(app, args)  # everything saved: nothing runs, same table
     assert again.exit_code == 0
     table = pd.read_parquet(out / "sweep.parquet")
-    assert len(table) == 3 * 3 * table["tier"].nunique()
+    assert len(table) == 3 * table["policy"].nunique() * table["tier"].nunique()  # points x policies x groups
 
 
 def test_results_are_not_reused_when_the_profile_changes(tmp_path: Path) -> None:

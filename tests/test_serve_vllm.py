@@ -48,9 +48,10 @@ def gateway_for(server: VllmServer, tmp_path: Path, max_pool: float) -> GatewayS
 def test_gateway_in_front_of_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
     """A chat request streams through with vLLM's tokens and its prompt counted by vLLM's /tokenize; the
     view takes vLLM's running-request gauge; with room for exactly two requests of 256 output tokens
-    (each charged 256 / 141.1 decode tokens per GPU-s + its prompt), a third is refused with a 429 while
-    the two run, and everything is released once they finish."""
-    gw = gateway_for(vllm_server, tmp_path, max_pool=2 * 256 / 141.1 + 0.5)
+    (the pool budget is two and a half times what the profile charges one), a third is refused with a 429
+    while the two run, and everything is released once they finish."""
+    one = gateway_for(vllm_server, tmp_path, max_pool=1.0).gateway.estimators[0].estimate(32, 256)
+    gw = gateway_for(vllm_server, tmp_path, max_pool=2.5 * one)
     estimate = gw.gateway.estimators[0]
 
     async def main() -> None:

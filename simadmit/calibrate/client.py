@@ -128,6 +128,19 @@ def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
     return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
 
 
+def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
+    """A completion request that generates exactly `max_tokens` (ignore_eos), streamed with usage."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
 def sse_payloads(buffer: bytes) -> tuple[list[bytes], bytes]:
     """The `data:` payloads of the complete lines in a streamed response, and the unfinished rest.
 
@@ -215,15 +228,7 @@ async def stream_completion(
     timeout_s: float,
 ) -> Attempt:
     """Send one streamed completion and time its tokens. Raises only `RequestRejected` (HTTP 4xx)."""
-    body = {
-        "model": endpoint.model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = completion_body(endpoint.model, prompt, max_tokens)
     start_unix, t0 = time.time(), time.perf_counter()
     busy = 0.0
     times: list[float] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from simadmit.calibrate.client import sse_payloads
+from simadmit.calibrate.client import completion_body, sse_payloads
 
 # what an attempt came to; "ok" and "rejected" are answers, the rest are failures
 OK, REJECTED, TOO_LONG, ABANDONED = "ok", "rejected", "too_long", "abandoned"
@@ -40,18 +40,7 @@ class AttemptResult:
 
 def encode_body(model: str, prompt: list[int] | str, max_tokens: int) -> bytes:
     """The request body: exact prompt, exactly `max_tokens` generated (ignore_eos), streamed with usage."""
-    return json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
-        separators=(",", ":"),
-    ).encode()
+    return json.dumps(completion_body(model, prompt, max_tokens), separators=(",", ":")).encode()
 
 
 def retry_after_seconds(value: str | None) -> float:

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from simadmit.calibrate.check import CheckConfig, mixed_load
 from simadmit.calibrate.client import Endpoint
 from simadmit.calibrate.fit import FitResult
 from simadmit.calibrate.metrics import CacheConfig
-from simadmit.calibrate.run import CalibrationConfig, build_profile
+from simadmit.calibrate.report import print_calibration
+from simadmit.calibrate.run import Calibration, CalibrationConfig, build_profile
 from simadmit.config.profile import (
     EngineLimits,
     Profile,
@@ -87,16 +89,24 @@ def test_summary_prefill_figure_pays_the_attention_of_a_full_budget_prompt() -> 
     assert linear / prefill > 5  # the attention term dominates here
 
 
-def test_calibrate_writes_the_quadratic_prefill_figure() -> None:
-    """The profile `calibrate` builds from a fit carries that figure, as the report prints it."""
+def test_calibrate_writes_and_prints_the_quadratic_prefill_figure() -> None:
+    """The profile `calibrate` builds from a fit carries that figure, and its report prints it."""
     fit = FitResult(STEP, 0.0, 100, 0.99, {}, {})
     cfg = CalibrationConfig(
         endpoint="http://x:8000", out=Path("p.yaml"), max_num_seqs=8, max_num_batched_tokens=2048
     )
-    built = build_profile(
-        cfg, Endpoint("http://x:8000", "m", 8192, "0.11"), CacheConfig(16, 1000, 1), fit, [], {}
-    )
+    endpoint = Endpoint("http://x:8000", "m", 8192, "0.11")
+    built = build_profile(cfg, endpoint, CacheConfig(16, 1000, 1), fit, [], {})
     assert built.prefill_tokens_per_gpu_s == pytest.approx(2048 / by_hand(STEP, 2048, 1), abs=0.01)
+    console = Console(record=True, width=400)
+    overhead = dict.fromkeys(
+        ("cpu_share_of_one_core", "handling_ms_per_request", "loop_lag_p50_ms", "loop_lag_p99_ms"), 0.0
+    )
+    print_calibration(Calibration(built, fit, Path("p.csv"), {}, 0, overhead), console)
+    assert (
+        f"prefill {built.prefill_tokens_per_gpu_s:g} tok/s (a budget-filling prompt alone"
+        in console.export_text()
+    )
 
 
 def test_calibrate_check_paces_its_load_by_the_quadratic_solo_time() -> None:

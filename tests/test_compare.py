@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from simadmit.cli import app
-from simadmit.results.compare import Run, compare, measures, request_rows, run_dirs, verdict
+from simadmit.results.compare import Run, compare, measured, request_rows, run_dirs, verdict
 from tests.test_loadgen import scenario_doc
 
 
@@ -70,7 +70,7 @@ def test_measures_follow_their_definitions() -> None:
     a failed request counts in the failure rate; throughput = completions in the window (warm-up end to the
     last arrival) per second."""
     run = _run([1.0, 2.0, 3.0, 9.0], [2.0, 4.0, 5.0, 9.5], ["completed"] * 3 + ["aborted"])
-    m = measures(run, "all", 0.0)
+    m = measured(run, "all", 0.0).values
     assert m["ttft_mean_s"] == 2.0
     assert m["ttft_p50_s"] == pytest.approx(2.0, rel=0.005)  # rank ceil(0.5 x 4) = 2 of 4 arrivals
     assert m["ttft_p99_s"] == math.inf  # rank 4 of 4: the aborted one
@@ -78,7 +78,7 @@ def test_measures_follow_their_definitions() -> None:
     assert m["itl_mean_s"] == np.mean([0.1, 0.2, 0.2])
     assert m["failure_rate"] == 0.25 and m["rejection_rate"] == 0.0
     assert m["throughput_rps"] == 1 / 3  # only the first request finishes by t = 3, the last arrival
-    assert measures(run, "all", 1.0)["ttft_mean_s"] == 2.5
+    assert measured(run, "all", 1.0).values["ttft_mean_s"] == 2.5
 
 
 def test_a_side_that_left_requests_unanswered_shows_in_every_arrival_percentiles_and_the_failure_rate() -> (

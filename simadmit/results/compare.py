@@ -153,11 +153,6 @@ def _mean(values: pd.Series) -> float:
     return float(v.mean()) if len(v) else math.nan
 
 
-def measures(run: Run, tier: str, warmup_s: float) -> dict[str, float]:
-    """The measures of one run for one tier (see `measured`)."""
-    return measured(run, tier, warmup_s).values
-
-
 def combined(runs: list[Measured]) -> dict[str, float]:
     """Several seeds of a simulation as one value per measure, as the summary combines replications: a
     percentile is the pooled sample's, any other measure the mean over the seeds that gave one."""

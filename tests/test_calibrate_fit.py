@@ -16,17 +16,15 @@ from simadmit.calibrate.fit import (
     decode_step_s,
     fit_step_model,
     fit_warnings,
-    lone_prefill_s,
     nonnegative_least_squares,
     observations,
-    prefill_chunks,
     prompt_band,
     ttft_observation,
 )
 from simadmit.calibrate.measurements import Measurement
 from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.run import CalibrationConfig, build_profile
-from simadmit.config.profile import StepTimeModel, load_profile, save_profile
+from simadmit.config.profile import StepTimeModel, load_profile, prefill_chunks, save_profile, solo_service_s
 from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener
 
 # overhead, prefill, decode seq, context, attention pair, TTFT offset
@@ -70,7 +68,7 @@ def test_recovers_known_costs_under_noise() -> None:
     fit = fit_step_model(obs)
     true = StepTimeModel(*TRUE[:5])
     for p in (1536, 5000):
-        assert lone_prefill_s(fit.step, p, 2048) == pytest.approx(lone_prefill_s(true, p, 2048), rel=0.10), p
+        assert solo_service_s(fit.step, 2048, p) == pytest.approx(solo_service_s(true, 2048, p), rel=0.10), p
     for c in (1, 16):
         assert decode_step_s(fit.step, c, 128, 64) == pytest.approx(decode_step_s(true, c, 128, 64), rel=0.10)
     got = np.array(fit.coefficients())
@@ -94,7 +92,7 @@ def test_quadratic_prefill_cost_is_reproduced_exactly() -> None:
     obs += [o for o in synthetic(np.random.default_rng(6), 0.0, true) if o.phase == "decode"]
     fit = fit_step_model(obs)
     for p in lengths:
-        predicted = lone_prefill_s(fit.step, p, 2048) + fit.ttft_offset_s
+        predicted = solo_service_s(fit.step, 2048, p) + fit.ttft_offset_s
         assert predicted == pytest.approx(a + b * p + c * p * p, rel=1e-6), p
     assert fit.step.per_prefill_attention_s == pytest.approx(2 * c, rel=1e-6)
     linear = nonnegative_least_squares(
@@ -231,4 +229,4 @@ def test_the_fitted_prefill_cost_is_what_the_simulated_engine_charges(prompt: in
     env.run()
     fit_view = float(np.dot(ttft_observation(prompt, 2048).features(), [*TRUE[:5], 0.0]))
     assert listener.at[0] == pytest.approx(fit_view, rel=1e-9)
-    assert listener.at[0] == pytest.approx(lone_prefill_s(step, prompt, 2048), rel=1e-9)
+    assert listener.at[0] == pytest.approx(solo_service_s(step, 2048, prompt), rel=1e-9)

@@ -26,11 +26,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simadmit.calibrate.client import Attempt, discover, stream_completion, tokenize
-from simadmit.calibrate.fit import decode_step_s, lone_prefill_s, observations
+from simadmit.calibrate.fit import decode_step_s, observations
 from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.config.profile import Profile, load_profile
+from simadmit.config.profile import Profile, load_profile, solo_service_s
 from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the first run provisions vLLM in its setup
@@ -223,7 +223,7 @@ def test_long_prompt_ttft_at_an_idle_server(calibrated: Calibrated, vllm_server:
     prompt = 1800
     attempts = asyncio.run(_measure(vllm_server, prompt, 1, 1, 5))
     measured = [a.ttft_s for a in attempts]
-    predicted = lone_prefill_s(calibrated.profile.step_time, prompt, MAX_NUM_BATCHED_TOKENS)
+    predicted = solo_service_s(calibrated.profile.step_time, MAX_NUM_BATCHED_TOKENS, prompt)
     error = predicted / statistics.median(measured) - 1
     print(f"ttft prompt={prompt}: predicted {predicted:.3f}s measured {sorted(measured)} error {error:+.1%}")
     assert abs(error) <= LONG_PROMPT_TOLERANCE, (predicted, measured)

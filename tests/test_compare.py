@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from simadmit.cli import app
-from simadmit.results.compare import Run, compare, measures, request_rows, run_dirs, verdict
+from simadmit.results.compare import Run, compare, measured, request_rows, run_dirs, verdict
 from tests.test_loadgen import scenario_doc
 
 
@@ -35,12 +36,13 @@ def test_a_folder_compared_with_itself_has_zero_error_and_passes(tmp_path: Path)
     defined = table.dropna(subset=["error"])
     assert len(defined) >= 3 * 13  # two tiers and all, every latency and rate measure
     assert (defined["error"] == 0).all()
+    assert not table["measure"].str.startswith(("served_", "queue_wait")).any()  # nothing failed; see below
     assert (table.loc[table["target"].notna(), "verdict"] == "pass").all()
     assert json.loads((out / "compare.json").read_text())["pass"] is True
     assert {p.name for p in out.glob("cdf_*.png")} == {"cdf_chat.png", "cdf_bulk.png", "cdf_all.png"}
 
 
-def _run(ttft: list[float], e2e: list[float], outcome: list[str] | None = None) -> Run:
+def _run(ttft: list[float], e2e: list[float], outcome: list[str] | None = None, seed: int = 0) -> Run:
     n = len(ttft)
     attempts = pd.DataFrame(
         {
@@ -58,20 +60,56 @@ def _run(ttft: list[float], e2e: list[float], outcome: list[str] | None = None) 
             "queue_wait_s": np.nan,
         }  # fmt: skip
     )
-    return Run("x", request_rows(attempts), math.nan)
+    return Run(f"seed {seed}", request_rows(attempts))
 
 
 def test_measures_follow_their_definitions() -> None:
-    """Means and percentiles over completed requests; inter-token latency = decode time / (output - 1);
-    a failed request counts in the failure rate and not in the latencies; throughput = completions in the
-    window (warm-up end to the last arrival) per second."""
+    """As in the summary: TTFT and E2E percentiles count every arrival (a request never answered is an
+    infinite latency), the served ones only completed requests, each the lower empirical quantile read from
+    0.5%-wide buckets; means and inter-token latency (decode time / (output - 1)) are over completed requests;
+    a failed request counts in the failure rate; throughput = completions in the window (warm-up end to the
+    last arrival) per second."""
     run = _run([1.0, 2.0, 3.0, 9.0], [2.0, 4.0, 5.0, 9.5], ["completed"] * 3 + ["aborted"])
-    m = measures(run, "all", 0.0)
-    assert m["ttft_mean_s"] == 2.0 and m["ttft_p50_s"] == 2.0
+    m = measured(run, "all", 0.0).values
+    assert m["ttft_mean_s"] == 2.0
+    assert m["ttft_p50_s"] == pytest.approx(2.0, rel=0.005)  # rank ceil(0.5 x 4) = 2 of 4 arrivals
+    assert m["ttft_p99_s"] == math.inf  # rank 4 of 4: the aborted one
+    assert m["served_ttft_p99_s"] == pytest.approx(3.0, rel=0.005)  # rank 3 of the 3 completed
     assert m["itl_mean_s"] == np.mean([0.1, 0.2, 0.2])
     assert m["failure_rate"] == 0.25 and m["rejection_rate"] == 0.0
     assert m["throughput_rps"] == 1 / 3  # only the first request finishes by t = 3, the last arrival
-    assert measures(run, "all", 1.0)["ttft_mean_s"] == 2.5
+    assert measured(run, "all", 1.0).values["ttft_mean_s"] == 2.5
+
+
+def test_a_side_that_left_requests_unanswered_shows_in_every_arrival_percentiles_and_the_failure_rate() -> (
+    None
+):
+    """Real runs that failed 2 of 40 requests have an infinite TTFT p99 (beyond 1% missing): a simulation that
+    answered all fails it, by -100%; the served percentiles then appear beside, over completed requests, and
+    compare what both sides answered; the failure rate row carries the difference."""
+    fine = [1.0] * 40
+    failing = ["completed"] * 38 + ["aborted"] * 2
+    real = [_run(fine, [2.0] * 40, failing), _run(fine, [2.0] * 40, failing)]
+    table = compare([_run(fine, [2.0] * 40)], real, 0.0).set_index(["tier", "measure"])
+    p99 = table.loc[("all", "ttft_p99_s")]
+    assert p99["real_mean"] == math.inf and p99["error"] == -1.0 and p99["verdict"] == "fail"
+    served = table.loc[("all", "served_ttft_p99_s")]
+    assert served["error"] == 0.0 and served["sim"] == pytest.approx(1.0, rel=0.005)
+    rate = table.loc[("all", "failure_rate")]
+    assert rate["sim"] == 0.0 and rate["real_mean"] == 0.05
+    both = compare(real[:1], real, 0.0).set_index(["tier", "measure"])
+    assert both.loc[("all", "ttft_p99_s"), "error"] == 0.0  # both infinite: they agree
+    assert both.loc[("all", "ttft_p99_s"), "verdict"] == "pass"
+
+
+def test_simulated_seeds_pool_their_observations() -> None:
+    """Two seeds: a percentile is the pooled sample's quantile (as the summary combines replications), not
+    the mean of each seed's; other measures are the mean over seeds."""
+    a = _run([1.0] * 50 + [3.0] * 50, [4.0] * 100, seed=1)  # p50 = 1
+    b = _run([2.0] * 100, [4.0] * 100, seed=2)  # p50 = 2
+    table = compare([a, b], [b], 0.0).set_index(["tier", "measure"])
+    assert table.loc[("all", "ttft_p50_s"), "sim"] == pytest.approx(2.0, rel=0.005)  # rank 100 of 200
+    assert table.loc[("all", "ttft_mean_s"), "sim"] == 2.0
 
 
 def test_error_is_against_the_real_mean_and_a_wide_real_spread_admits_values_inside_it() -> None:
@@ -85,6 +123,9 @@ def test_error_is_against_the_real_mean_and_a_wide_real_spread_admits_values_ins
     assert verdict("e2e_mean_s", 2.6, np.array([2.5, 2.5])) == "pass"
     assert verdict("ttft_p99_s", 1.26, np.array([1.0, 1.0])) == "fail"
     assert verdict("throughput_rps", 9.0, np.array([1.0])) == ""
+    assert verdict("ttft_p99_s", math.inf, np.array([math.inf, math.inf])) == "pass"
+    assert verdict("ttft_p99_s", 2.0, np.array([1.0, math.inf])) == "pass (within the real spread)"
+    assert verdict("ttft_p99_s", math.inf, np.array([1.0, 1.1])) == "fail"
 
 
 def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Path) -> None:
@@ -106,4 +147,27 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
     chosen = CliRunner().invoke(
         app, ["compare", str(tmp_path / "two"), str(tmp_path / "real"), "--policy", "other"]
     )
-    assert chosen.exit_code == 0 and "3 real runs" in chosen.output, chosen.output
+    assert chosen.exit_code == 0 and "3 real runs" in " ".join(chosen.output.split()), chosen.output
+
+
+def test_compare_reads_a_real_folder_with_unanswered_requests(tmp_path: Path) -> None:
+    """A real run that never answered 5% of its requests: `compare` exits 0, the table keeps the infinite
+    every-arrival p99 and adds the served percentiles, and its verdict fails on TTFT p99."""
+    sim = simulated(tmp_path)
+    table = pd.read_parquet(sim / "requests.parquet")
+    lost = table["request_id"] % 20 == 0
+    table["outcome"] = table["outcome"].astype(str).where(~lost, "aborted")
+    for col in ("first_token_s", "finish_s", "ttft_s", "e2e_s"):
+        table.loc[lost, col] = np.nan
+    (tmp_path / "real").mkdir()
+    table.to_parquet(tmp_path / "real" / "requests.parquet")
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "real"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "verdict: FAIL" in result.output
+    rows = pd.read_csv(out / "compare.csv").set_index(["tier", "measure"])
+    assert rows.loc[("all", "ttft_p99_s"), "real_mean"] == math.inf
+    assert rows.loc[("all", "ttft_p99_s"), "verdict"] == "fail"
+    assert rows.loc[("all", "failure_rate"), "real_mean"] == pytest.approx(lost.mean(), abs=0.01)
+    assert ("all", "served_ttft_p99_s") in rows.index
+    assert json.loads((out / "compare.json").read_text())["pass"] is False

@@ -20,9 +20,8 @@ import numpy as np
 import pandas as pd
 
 from simadmit.calibrate.client import Attempt, discover, normalize_base_url, stream_completion, tokenize
-from simadmit.calibrate.fit import decode_step_s
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.config.profile import Profile
+from simadmit.config.profile import Profile, solo_service_s
 from simadmit.fleet.engine_replay import replay_on_profile
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -45,21 +44,19 @@ class Load:
     output_tokens: np.ndarray
 
 
-def solo_service_s(profile: Profile, prompt: float, output: float) -> float:
-    """How long one request takes alone on the profile's engine."""
-    step = profile.step_time
-    prefill = step.step_time(int(prompt), 0, int(prompt))
-    return prefill + (output - 1) * decode_step_s(step, 1, int(prompt), int(output))
-
-
 def mixed_load(profile: Profile, cfg: CheckConfig) -> Load:
-    """Poisson arrivals; prompts log-normal around 256 tokens (within half the context); outputs 16-128."""
+    """Poisson arrivals; prompts log-normal around 256 tokens (within half the context); outputs 16-128.
+    The default rate is two over the mean time a request of the load takes alone (`solo_service_s`)."""
     rng = np.random.default_rng(cfg.seed)
     limit = profile.engine.max_model_len // 2
     prompts = np.clip(np.round(rng.lognormal(math.log(256), 0.8, cfg.requests)), 16, limit).astype(int)
     outputs = rng.choice([16, 32, 64, 128], cfg.requests)
     outputs = np.minimum(outputs, profile.engine.max_model_len - prompts - 1)
-    rate = cfg.rate_per_s or 2.0 / solo_service_s(profile, float(prompts.mean()), float(outputs.mean()))
+    budget = profile.engine.max_num_batched_tokens
+    alone = np.mean(
+        [solo_service_s(profile.step_time, budget, p, o) for p, o in zip(prompts, outputs, strict=True)]
+    )
+    rate = cfg.rate_per_s or 2.0 / float(alone)  # Little: two in flight = rate x mean time alone
     arrivals = np.cumsum(rng.exponential(1.0 / rate, cfg.requests))
     return Load(arrivals - arrivals[0], prompts, outputs)
 

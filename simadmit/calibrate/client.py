@@ -14,6 +14,7 @@ import json
 import math
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -150,6 +151,26 @@ def sse_payloads(buffer: bytes) -> tuple[list[bytes], bytes]:
     return [line.strip()[5:].strip() for line in lines if line.strip().startswith(b"data:")], rest
 
 
+class EventStream:
+    """A streamed response read by read: when each read arrived (`clock()`; every line in one read arrived
+    together) and the `data:` payloads it completed, `[DONE]` left out and remembered in `done`."""
+
+    def __init__(self, response: httpx.Response, clock: Callable[[], float]) -> None:
+        self.response = response
+        self.clock = clock
+        self.done = False
+
+    async def reads(self) -> AsyncIterator[tuple[float, list[bytes]]]:
+        buffer = b""
+        async for data in self.response.aiter_bytes():
+            now = self.clock()
+            payloads, buffer = sse_payloads(buffer + data)
+            if b"[DONE]" in payloads:
+                self.done = True
+                payloads = [p for p in payloads if p != b"[DONE]"]
+            yield now, payloads
+
+
 async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
     """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
     try:
@@ -244,16 +265,10 @@ async def stream_completion(
                     if response.status_code >= 500:
                         return _failed(f"http_{response.status_code}", start_unix, t0, busy)
                     raise RequestRejected(response.status_code, detail)
-                buffer = b""
-                async for data in response.aiter_bytes():
-                    now = time.perf_counter()  # every line in this read arrived together
+                stream = EventStream(response, time.perf_counter)
+                async for now, payloads in stream.reads():
                     IN_FLIGHT.heard(key)
-                    buffer += data
-                    payloads, buffer = sse_payloads(buffer)
                     for payload in payloads:
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
                         event = json.loads(payload)
                         if "error" in event:
                             return _failed("stream_error", start_unix, t0, busy)
@@ -262,6 +277,7 @@ async def stream_completion(
                         if event.get("usage"):
                             usage = event["usage"]
                     busy += time.perf_counter() - now
+                done = stream.done
     except (TimeoutError, httpx.TimeoutException):
         return _failed("timeout", start_unix, t0, busy)
     except httpx.ConnectError:

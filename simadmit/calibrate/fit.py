@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from simadmit.calibrate.measurements import Measurement
-from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs, prefill_chunks
 
 COEFFICIENTS = (
     "overhead_s",
@@ -65,22 +65,6 @@ class Observation:
             self.attention_pairs,
             self.requests,
         )
-
-
-def prefill_chunks(prompt_tokens: int, token_budget: int) -> list[tuple[int, int]]:
-    """(chunk, offset) of each step that prefills a lone prompt, as the engine chunks it at the token budget."""
-    return [
-        (min(token_budget, prompt_tokens - offset), offset)
-        for offset in range(0, max(1, prompt_tokens), token_budget)
-    ]
-
-
-def lone_prefill_s(step: StepTimeModel, prompt_tokens: int, token_budget: int) -> float:
-    """Engine time to prefill one prompt at an idle server: the sum of its chunks' step times, as simulated."""
-    return sum(
-        step.step_time(chunk, 0, offset + chunk, prefill_attention_pairs(chunk, offset))
-        for chunk, offset in prefill_chunks(prompt_tokens, token_budget)
-    )
 
 
 def ttft_observation(

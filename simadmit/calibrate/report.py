@@ -68,8 +68,9 @@ def print_calibration(result: Calibration, console: Console) -> None:
         f"decode by concurrency {measured.get('decode_tokens_per_gpu_s_by_concurrency')}"
     )
     console.print(
-        f"profile per GPU (step model at full batch): prefill {p.prefill_tokens_per_gpu_s:g} tok/s, "
-        f"decode {p.decode_tokens_per_gpu_s:g} tok/s; KV capacity {p.kv_capacity_tokens} tokens"
+        f"profile per GPU (step model): prefill {p.prefill_tokens_per_gpu_s:g} tok/s (a budget-filling prompt "
+        f"alone, attention included), decode {p.decode_tokens_per_gpu_s:g} tok/s at full batch; "
+        f"KV capacity {p.kv_capacity_tokens} tokens"
     )
     faults = ", ".join(f"{k} {v}" for k, v in sorted(result.faults.items())) or "none"
     console.print(f"faults retried: {faults}; requests given up: {result.gave_up}")

@@ -6,7 +6,9 @@ simulator (which reads it). One engine iteration (a "step") lasts
     overhead_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decode sequences
                + per_context_token_s * context tokens held by the scheduled sequences
 
-and the summary figures (prefill and decode tokens per GPU-second) feed the admission `CostEstimator`.
+plus per_prefill_attention_s * (prompt token, context token) pairs of the prefill chunks, and the summary
+figures (prefill and decode tokens per GPU-second) feed the admission `CostEstimator`. What one request costs
+alone on an idle replica is `solo_service_s`, the one place that prices it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,33 @@ def prefill_attention_pairs(chunk: int, offset: int) -> float:
     return chunk * offset + chunk * (chunk + 1) / 2
 
 
+def prefill_chunks(prompt_tokens: int, token_budget: int) -> list[tuple[int, int]]:
+    """(chunk, offset) of each step that prefills a lone prompt, as the engine chunks it at the token budget."""
+    return [
+        (min(token_budget, prompt_tokens - offset), offset)
+        for offset in range(0, max(1, prompt_tokens), token_budget)
+    ]
+
+
+def solo_service_s(
+    step: StepTimeModel, token_budget: int, prompt_tokens: int, output_tokens: int = 1
+) -> float:
+    """Seconds one request takes alone on an idle replica, as the engine simulates it: its prompt prefilled in
+    chunks of at most `token_budget` tokens, each holding the context computed so far and attending to it
+    (quadratic in a long prompt), the first token at the end of the last chunk (`output_tokens` 1: its TTFT);
+    then output - 1 decode steps of one sequence holding its prompt and the tokens produced so far."""
+    prefill = sum(
+        step.step_time(chunk, 0, offset + chunk, prefill_attention_pairs(chunk, offset))
+        for chunk, offset in prefill_chunks(prompt_tokens, token_budget)
+    )
+    decodes = max(0, output_tokens - 1)
+    return (
+        prefill
+        + decodes * step.step_time(0, 1, prompt_tokens)
+        + step.per_context_token_s * decodes * (decodes + 1) / 2
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     max_num_seqs: int
@@ -148,11 +177,13 @@ def summary_figures(
 ) -> tuple[float, float]:
     """Prefill and decode tokens per GPU-second implied by a step model.
 
-    Prefill: a full token budget of prompt tokens in one step. Decode: the largest batch that fits both
-    `max_num_seqs` and the KV cache with `ref_context` tokens per sequence.
+    Prefill: one prompt that fills the token budget (or the context, if shorter), alone: one full step with
+    its attention (`solo_service_s`). Decode: the largest batch that fits both `max_num_seqs` and the KV
+    cache with `ref_context` tokens per sequence.
     """
     budget = limits.max_num_batched_tokens
-    prefill = budget / step.step_time(budget, 0, budget) / gpus
+    prompt = min(budget, limits.max_model_len - 1)
+    prefill = prompt / solo_service_s(step, budget, prompt) / gpus
     batch = max(1, min(limits.max_num_seqs, kv_capacity_tokens // max(1, ref_context)))
     decode = batch / step.step_time(0, batch, batch * ref_context) / gpus
     return prefill, decode

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from simadmit.calibrate.client import completion_body, sse_payloads
+from simadmit.calibrate.client import EventStream, completion_body
 
 # what an attempt came to; "ok" and "rejected" are answers, the rest are failures
 OK, REJECTED, TOO_LONG, ABANDONED = "ok", "rejected", "too_long", "abandoned"
@@ -106,16 +106,10 @@ async def send(
                     if code == 400 and b"context length" in detail.lower():
                         return result(TOO_LONG)
                     return result(f"http_{code}")
-                buffer = b""
-                done = False
-                async for data in response.aiter_bytes():
-                    now = last = loop.time()  # every line in this read arrived together
-                    buffer += data
-                    payloads, buffer = sse_payloads(buffer)
+                stream = EventStream(response, loop.time)
+                async for now, payloads in stream.reads():
+                    last = now
                     for payload in payloads:
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
                         # parse only the lines that matter: the first token's, the usage, an error
                         if first == first and b'"prompt_tokens"' not in payload and b'"error"' not in payload:
                             continue
@@ -126,6 +120,7 @@ async def send(
                             first = now
                             deadline.reschedule(sent + timeout_s)  # no abandoning once tokens flow
                         usage = event.get("usage") or usage
+                done = stream.done
     except TimeoutError:
         if abandon_at is not None and first != first and loop.time() >= abandon_at - 1e-3:
             return result(ABANDONED)

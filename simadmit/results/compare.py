@@ -6,14 +6,22 @@ the error of the simulation against the real mean. The target: E2E mean and p99 
 15% and TTFT p99 within 20% of the real mean; where the real runs spread wider than the target, a simulated
 value inside their range passes.
 
-Both sides are read from `requests.parquet` files in `simulate`'s schema and measured by the same code, so a
-folder compared with itself reports zero error. Inter-token latency is (finish - first token) / (output - 1)
-on both sides; percentiles are over completed requests, failures are counted in their own rates.
+Both sides are read from `requests.parquet` files in `simulate`'s schema and measured by the summary's own
+functions (`results.summary`), so the measures mean what they mean in `simulate`'s summary and a folder
+compared with itself reports zero error. TTFT and E2E percentiles count every arrival: a request never
+answered is an infinite latency, so a p99 is infinite once more than 1% of requests failed; where either
+side left requests of a tier unanswered, the `served_` percentiles over completed requests are reported
+beside them. Means and inter-token latency ((finish - first token) / (output - 1)) are over completed
+requests; failures are counted in their own rates. Several simulated seeds pool their observations: a
+percentile is the pooled sample's, any other measure the mean over seeds.
+
+Queue wait is not compared: vLLM's queue-time histogram starts when the engine core takes a request in,
+between steps, so it leaves out the wait for the step in progress, which the simulated queue wait includes;
+the simulation does not record the step boundaries that would restate its wait vLLM's way.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +30,22 @@ import numpy as np
 import pandas as pd
 
 from simadmit.config.errors import InputError, problem
+from simadmit.results import summary
+from simadmit.results.histogram import LatencyHistogram, pooled
 
 LATENCIES = ("ttft", "itl", "e2e")
-STATS = ("mean", "p50", "p90", "p99")
-OTHER = ("queue_wait_mean_s", "rejection_rate", "failure_rate", "throughput_rps")
-MEASURES = tuple(f"{m}_{s}_s" for m in LATENCIES for s in STATS) + OTHER
+# percentile measure -> (histogram, quantile, over every arrival): the summary's, plus inter-token latency
+PERCENTILES = {
+    **{k: v for k, v in summary.PERCENTILES.items() if v[0] in ("ttft_s", "e2e_s")},
+    **{f"itl_p{p}_s": ("itl_s", p / 100, False) for p in (50, 90, 99)},
+}
+SERVED = tuple(k for k in PERCENTILES if k.startswith("served_"))  # reported where a side has failures
+OTHER = ("rejection_rate", "failure_rate", "throughput_rps")
+MEASURES = (
+    tuple(k for m in LATENCIES for k in (f"{m}_mean_s", *(p for p in PERCENTILES if p.startswith(m))))
+    + SERVED
+    + OTHER
+)
 TARGETS = {"e2e_mean_s": 0.10, "e2e_p99_s": 0.10, "ttft_mean_s": 0.15, "ttft_p99_s": 0.20}
 
 
@@ -36,7 +55,18 @@ class Run:
 
     source: str
     requests: pd.DataFrame
-    server_queue_wait_s: float  # a replay's mean queue wait from the server's histogram (NaN otherwise)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A run's measures for one tier, and the histograms its percentiles come from (to pool seeds)."""
+
+    values: dict[str, float]
+    histograms: dict[str, LatencyHistogram]
+
+    @property
+    def failed(self) -> int:
+        return self.histograms["ttft_s"].missing
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -84,87 +114,110 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
         policy = policies[0] if policies else ""
     elif policy not in policies:
         raise InputError([problem(path, "policy", f"no policy {policy!r} (found: {', '.join(policies)})")])
-    facts = folder / "replay.json"
-    queue_wait = math.nan
-    if facts.is_file():
-        queue_wait = float(json.loads(facts.read_text()).get("server", {}).get("queue_wait_mean_s", math.nan))
     table = table[table["policy"].astype(str) == policy]
     return [
-        Run(
-            f"{folder} seed {seed}" if table["seed"].nunique() > 1 else str(folder),
-            request_rows(group),
-            queue_wait,
-        )
+        Run(f"{folder} seed {seed}" if table["seed"].nunique() > 1 else str(folder), request_rows(group))
         for seed, group in table.groupby("seed")
     ]
 
 
-def _stats(values: np.ndarray) -> dict[str, float]:
-    v = values[np.isfinite(values)]
-    if not len(v):
-        return dict.fromkeys(STATS, math.nan)
-    return {"mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in (50, 90, 99)}}
-
-
-def measures(run: Run, tier: str, warmup_s: float) -> dict[str, float]:
-    """The measures of one run for one tier ("all": every request) that arrived after the warm-up."""
-    req = run.requests
-    req = req[req["arrival_s"] >= warmup_s]
-    end = float(req["arrival_s"].max()) if len(req) else warmup_s
-    done_any = run.requests[
-        (run.requests["outcome"] == "completed") & run.requests["finish_s"].between(warmup_s, end)
-    ]
+def measured(run: Run, tier: str, warmup_s: float) -> Measured:
+    """The measures of one run for one tier ("all": every request) that arrived after the warm-up, over the
+    window from the warm-up to the last arrival (throughput counts what finished in it, whenever it arrived)."""
+    every = run.requests
+    req = every[every["arrival_s"] >= warmup_s]
+    window = (warmup_s, float(req["arrival_s"].max()) if len(req) else warmup_s)
+    done_any = every[every["outcome"] == "completed"]
     if tier != "all":
         req = req[req["tier"] == tier]
         done_any = done_any[done_any["tier"] == tier]
-    n = len(req)
     completed = req[req["outcome"] == "completed"]
-    out: dict[str, float] = {}
-    for m in LATENCIES:
-        for s, v in _stats(completed[f"{m}_s"].to_numpy(dtype=float)).items():
-            out[f"{m}_{s}_s"] = v
-    waits = req["queue_wait_s"].to_numpy(dtype=float)
-    waits = waits[np.isfinite(waits)]
-    if len(waits):
-        out["queue_wait_mean_s"] = float(waits.mean())
-    else:  # a replay: the server's own mean, over all requests
-        out["queue_wait_mean_s"] = run.server_queue_wait_s if tier == "all" else math.nan
-    outcome = req["outcome"]
-    out["rejection_rate"] = float(outcome.isin(["rejected", "too_long"]).mean()) if n else math.nan
-    out["failure_rate"] = float((outcome != "completed").mean()) if n else math.nan
-    out["throughput_rps"] = len(done_any) / (end - warmup_s) if end > warmup_s else math.nan
+    histograms = {
+        **summary.latency_histograms(req),
+        "itl_s": LatencyHistogram.of(completed["itl_s"].dropna().to_numpy(dtype=float)),
+    }
+    outcomes = summary.outcome_measures(req["outcome"])
+    window_s = window[1] - window[0]
+    values = {
+        **{f"{m}_mean_s": _mean(completed[f"{m}_s"]) for m in LATENCIES},
+        **summary.percentiles(histograms, PERCENTILES),
+        "rejection_rate": outcomes["rejection_rate"],
+        "failure_rate": outcomes["failure_rate"],
+        "throughput_rps": len(summary.finished_in(done_any, window)) / window_s if window_s > 0 else math.nan,
+    }
+    return Measured(values, histograms)
+
+
+def _mean(values: pd.Series) -> float:
+    v = values.dropna()
+    return float(v.mean()) if len(v) else math.nan
+
+
+def combined(runs: list[Measured]) -> dict[str, float]:
+    """Several seeds of a simulation as one value per measure, as the summary combines replications: a
+    percentile is the pooled sample's, any other measure the mean over the seeds that gave one."""
+    out = {}
+    for key in MEASURES:
+        if key in PERCENTILES:
+            name, q, every = PERCENTILES[key]
+            out[key] = pooled([r.histograms[name] for r in runs]).quantile(q, every)
+        else:
+            out[key] = _mean(pd.Series([r.values[key] for r in runs], dtype=float))
     return out
 
 
+def _spread(lo: float, hi: float, mean: float) -> float:
+    """How far the real runs spread around their mean, relatively (infinite when some are infinite, some not)."""
+    if math.isinf(mean):
+        return 0.0 if lo == hi else math.inf
+    return max(hi / mean - 1, 1 - lo / mean) if mean > 0 else math.nan
+
+
+def _error(sim: float, mean: float) -> float:
+    """Simulated against the real mean, relatively: zero when equal (both infinite, both zero), -100% when
+    only the real side is infinite, infinite when only the simulated side is."""
+    if sim == mean:
+        return 0.0
+    if math.isnan(sim) or math.isnan(mean) or mean == 0:
+        return math.nan
+    return sim / mean - 1 if math.isfinite(mean) else -1.0
+
+
 def verdict(measure: str, sim: float, real: np.ndarray) -> str:
-    """pass / fail against the target for the measures that have one ("" for the others)."""
+    """pass / fail against the target for the measures that have one ("" for the others, or no value).
+
+    An infinite percentile (more of a side's requests unanswered than its tail share) passes only against
+    an infinite real one, or inside a real range that reaches infinity."""
     tol = TARGETS.get(measure)
-    real = real[np.isfinite(real)]
-    if tol is None or not len(real) or not math.isfinite(sim):
+    real = real[~np.isnan(real)]
+    if tol is None or not len(real) or math.isnan(sim):
         return ""
     mean = float(real.mean())
-    if abs(sim / mean - 1) <= tol:
+    if abs(_error(sim, mean)) <= tol:
         return "pass"
-    spread = max(abs(real.max() / mean - 1), abs(real.min() / mean - 1))
-    if spread > tol and real.min() <= sim <= real.max():
+    lo, hi = float(real.min()), float(real.max())
+    if _spread(lo, hi, mean) > tol and lo <= sim <= hi:
         return "pass (within the real spread)"
     return "fail"
 
 
 def compare(sim: list[Run], real: list[Run], warmup_s: float) -> pd.DataFrame:
-    """One row per tier and measure: simulated (mean over seeds), real mean, min, max, spread, error, verdict."""
+    """One row per tier and measure: simulated (seeds pooled), real mean, min, max, spread, error, verdict.
+    The served percentiles appear for a tier where either side left some of its requests unanswered."""
     tiers = sorted(set().union(*(set(r.requests["tier"]) for r in real + sim))) + ["all"]
     rows = []
     for tier in tiers:
-        s = pd.DataFrame([measures(r, tier, warmup_s) for r in sim])
-        m = pd.DataFrame([measures(r, tier, warmup_s) for r in real])
+        sims = [measured(r, tier, warmup_s) for r in sim]
+        reals = [measured(r, tier, warmup_s) for r in real]
+        sv_all = combined(sims)
+        failures = any(m.failed for m in sims + reals)
         for measure in MEASURES:
-            sv = float(np.nanmean(s[measure])) if s[measure].notna().any() else math.nan
-            rv = m[measure].to_numpy(dtype=float)
-            finite = rv[np.isfinite(rv)]
-            mean = float(finite.mean()) if len(finite) else math.nan
-            lo = float(finite.min()) if len(finite) else math.nan
-            hi = float(finite.max()) if len(finite) else math.nan
+            if measure in SERVED and not failures:
+                continue
+            sv = sv_all[measure]
+            rv = np.array([m.values[measure] for m in reals], dtype=float)
+            known = rv[~np.isnan(rv)]
+            mean, lo, hi = (float(f(known)) if len(known) else math.nan for f in (np.mean, np.min, np.max))
             rows.append(
                 {
                     "tier": tier,
@@ -173,8 +226,8 @@ def compare(sim: list[Run], real: list[Run], warmup_s: float) -> pd.DataFrame:
                     "real_mean": mean,
                     "real_min": lo,
                     "real_max": hi,
-                    "real_spread": max(hi / mean - 1, 1 - lo / mean) if mean > 0 else math.nan,
-                    "error": sv / mean - 1 if mean > 0 else (0.0 if sv == mean else math.nan),
+                    "real_spread": _spread(lo, hi, mean),
+                    "error": _error(sv, mean),
                     "target": TARGETS.get(measure, math.nan),
                     "verdict": verdict(measure, sv, rv),
                 }

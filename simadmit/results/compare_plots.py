@@ -1,7 +1,9 @@
 """CDFs of simulated against real latencies, one figure per tier: TTFT, inter-token latency and E2E.
 
 The simulation is one thick line; each real run is a thin line, so the band they draw is the real system's
-own noise and the simulated curve can be read against it. Built without pyplot, like `results.plots`.
+own noise and the simulated curve can be read against it. TTFT and E2E are shares of every arrival, as the
+summary's percentiles are: a request never answered never arrives, so a side that failed some stops short
+of 1. Inter-token latency exists only for completed requests. Built without pyplot, like `results.plots`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
@@ -18,9 +19,10 @@ from simadmit.results.compare import LATENCIES, Run
 _TITLES = {"ttft": "TTFT", "itl": "inter-token latency", "e2e": "E2E"}
 
 
-def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _cdf(values: np.ndarray, total: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted finite values and the share of `total` (default: of the values) at or below each."""
     v = np.sort(values[np.isfinite(values)])
-    return v, np.arange(1, len(v) + 1) / max(len(v), 1)
+    return v, np.arange(1, len(v) + 1) / max(len(v) if total is None else total, 1)
 
 
 def cdf_figure(sim: list[Run], real: list[Run], tier: str, warmup_s: float) -> Figure:
@@ -28,21 +30,23 @@ def cdf_figure(sim: list[Run], real: list[Run], tier: str, warmup_s: float) -> F
     fig = Figure(figsize=(13, 4), layout="constrained")
     axes = fig.subplots(1, len(LATENCIES))
 
-    def rows(run: Run) -> pd.DataFrame:
-        r = run.requests[(run.requests["arrival_s"] >= warmup_s) & (run.requests["outcome"] == "completed")]
-        return r if tier == "all" else r[r["tier"] == tier]
+    def curve(run: Run, m: str) -> tuple[np.ndarray, np.ndarray]:
+        r = run.requests[run.requests["arrival_s"] >= warmup_s]
+        r = r if tier == "all" else r[r["tier"] == tier]
+        values = r[f"{m}_s"].where(r["outcome"] == "completed").to_numpy(dtype=float)
+        return _cdf(values, None if m == "itl" else len(r))
 
     for ax, m in zip(axes, LATENCIES, strict=True):
         for i, run in enumerate(real):
-            ax.step(*_cdf(rows(run)[f"{m}_s"].to_numpy(dtype=float)), where="post", color="#7f7f7f",
-                    linewidth=0.9, alpha=0.8, label="real runs" if i == 0 else None)  # fmt: skip
+            ax.step(*curve(run, m), where="post", color="#7f7f7f", linewidth=0.9, alpha=0.8,
+                    label="real runs" if i == 0 else None)  # fmt: skip
         for i, run in enumerate(sim):
-            ax.step(*_cdf(rows(run)[f"{m}_s"].to_numpy(dtype=float)), where="post", color="#1f77b4",
-                    linewidth=2.0, label="simulated" if i == 0 else None)  # fmt: skip
+            ax.step(*curve(run, m), where="post", color="#1f77b4", linewidth=2.0,
+                    label="simulated" if i == 0 else None)  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a log axis overlap
         ax.set_xlabel(f"{_TITLES[m]}, s")
-        ax.set_ylabel("fraction of completed requests")
+        ax.set_ylabel("fraction of completed requests" if m == "itl" else "fraction of requests")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"simulated vs real, tier {tier}")

@@ -61,35 +61,26 @@ def tier_measures(
     """
     n = len(req)
     window_s = window[1] - window[0]
-    done_in_window = completed_any[completed_any["finish_s"].between(*window)]
+    done_in_window = finished_in(completed_any, window)
     start, finish = completed_any["scheduled_s"].to_numpy(), completed_any["finish_s"].to_numpy()
     inside = np.clip(np.minimum(finish, window[1]) - np.maximum(start, window[0]), 0.0, None)
     share = np.where(finish > start, inside / np.maximum(finish - start, 1e-12), 0.0)
     work_done = float((completed_any["true_cost_gpu_s"].to_numpy() * share).sum())
-    outcome = req["outcome"]
-    completed = req[outcome == "completed"]
+    completed = req[req["outcome"] == "completed"]
     ttft = completed["ttft_s"].to_numpy()
     e2e = completed["e2e_s"].to_numpy()
     wait = req["queue_wait_s"].dropna().to_numpy()
     good = int(((ttft <= ttft_slo) & (e2e <= e2e_slo)).sum())
-    counts = {name: int((outcome == name).sum()) for name in ("completed", *FAILED)}
-    failed = n - counts["completed"]
     admitted = int(req["admit_s"].notna().sum())
     attempts = int(req["attempts"].sum())
-    histograms = {
-        "ttft_s": LatencyHistogram.of(ttft, missing=failed),
-        "e2e_s": LatencyHistogram.of(e2e, missing=failed),
-        "queue_wait_s": LatencyHistogram.of(wait),
-    }
+    histograms = latency_histograms(req)
     return {
         "requests": n,
         "attempts": attempts,
         "admitted": admitted,
-        **counts,
-        "failure_rate": failed / n if n else math.nan,
-        "rejection_rate": (counts["rejected"] + counts["too_long"]) / n if n else math.nan,
+        **outcome_measures(req["outcome"]),
         "attempt_rejection_rate": 1 - admitted / attempts if n else math.nan,
-        **{key: histograms[h].quantile(q, every) for key, (h, q, every) in PERCENTILES.items()},
+        **percentiles(histograms, PERCENTILES),
         "queue_wait_mean_s": float(wait.mean()) if len(wait) else math.nan,
         "utilization": util,
         "work_utilization": work_done / gpu_s[0] if gpu_s[0] > 0 else math.nan,
@@ -104,6 +95,41 @@ def tier_measures(
         "output_tokens_per_s": float(done_in_window["output_tokens"].sum()) / window_s,
         DISTRIBUTIONS: {name: h.to_json() for name, h in histograms.items()},
     }
+
+
+def outcome_measures(outcome: pd.Series) -> dict[str, float]:
+    """Requests per outcome, `failure_rate` (never answered) and `rejection_rate` (refused) of a group."""
+    n = len(outcome)
+    counts = {name: int((outcome == name).sum()) for name in ("completed", *FAILED)}
+    return {
+        **counts,
+        "failure_rate": (n - counts["completed"]) / n if n else math.nan,
+        "rejection_rate": (counts["rejected"] + counts["too_long"]) / n if n else math.nan,
+    }
+
+
+def latency_histograms(req: pd.DataFrame) -> dict[str, LatencyHistogram]:
+    """TTFT and E2E of a group's completed requests, the others counted as missing (never answered: an
+    infinite latency), and the queue wait of those that were scheduled."""
+    completed = req[req["outcome"] == "completed"]
+    failed = len(req) - len(completed)
+    return {
+        "ttft_s": LatencyHistogram.of(completed["ttft_s"].to_numpy(dtype=float), missing=failed),
+        "e2e_s": LatencyHistogram.of(completed["e2e_s"].to_numpy(dtype=float), missing=failed),
+        "queue_wait_s": LatencyHistogram.of(req["queue_wait_s"].dropna().to_numpy(dtype=float)),
+    }
+
+
+def percentiles(
+    histograms: dict[str, LatencyHistogram], which: dict[str, tuple[str, float, bool]]
+) -> dict[str, float]:
+    """Percentile measures (as `PERCENTILES`: name -> histogram, quantile, over every arrival) read off."""
+    return {key: histograms[h].quantile(q, every) for key, (h, q, every) in which.items()}
+
+
+def finished_in(completed_any: pd.DataFrame, window: tuple[float, float]) -> pd.DataFrame:
+    """Completed requests that finished inside the window, whenever they arrived: what throughput counts."""
+    return completed_any[completed_any["finish_s"].between(*window)]
 
 
 def measurement_window(workload: Workload, world: World) -> tuple[float, float]:

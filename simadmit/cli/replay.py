@@ -95,7 +95,9 @@ def _print_facts(console: Console, where: Path, facts: dict) -> None:
 
 
 def _fmt(measure: str, value: float) -> str:
-    if not math.isfinite(value):
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"  # a percentile over every arrival when some went unanswered
+    if math.isnan(value):
         return "-"
     if measure.endswith("_rate"):
         return f"{100 * value:.1f}%"

@@ -9,11 +9,15 @@ requests, prompt tokens not yet prefilled, KV use) and publishes them as a `Pool
 also published as what remains: each request's charge less the prefill and the decode tokens already done. What happens to each request is reported to a
 `RequestListener` (the simulation's ledger); the pool writes nothing of anyone else's. An autoscaler may
 add replicas (serving only after their cold start) and drain them (no new work; retired once empty).
+With `priorities` (tier -> priority, lower first) its engines schedule by priority, as vLLM's
+`--scheduling-policy priority` with each request's priority set from its tier; the central dispatch queue
+stays FIFO.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 import simpy
@@ -54,8 +58,10 @@ class Pool(EngineListener):
         service_s: np.ndarray | None = None,
         observer: StepObserver | None = None,
         estimator: CostEstimator | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
         self.env = env
+        self.priorities = priorities  # None: FCFS engines
         self.estimator = estimator  # prices progress, for the remaining work
         self.index = index
         self.prompt = workload_prompt
@@ -114,7 +120,9 @@ class Pool(EngineListener):
             )
         else:
             assert self.step is not None and self.limits is not None
-            engine = BatchingEngine(self.env, i, self.step, self.limits, self, self.observer)
+            engine = BatchingEngine(
+                self.env, i, self.step, self.limits, self, self.observer, self.priorities is not None
+            )
         self.replicas.append(engine)
         self.work.append(0.0)
         self.prefill_tokens.append(0)
@@ -268,7 +276,13 @@ class Pool(EngineListener):
         prompt = self.prompt[rid]
         self.prefill_tokens[r] += prompt
         self.prefill_pairs[r] += prompt_attention_pairs(prompt)
-        self.seqs[rid] = self.replicas[r].submit(rid, prompt, self.output[rid])
+        engine = self.replicas[r]
+        if self.priorities is None:
+            self.seqs[rid] = engine.submit(rid, prompt, self.output[rid])
+        else:
+            assert isinstance(engine, BatchingEngine), "only a batching engine schedules by priority"
+            level = self.priorities.get(self.tier_of[rid], 0)
+            self.seqs[rid] = engine.submit(rid, prompt, self.output[rid], level)
 
     def _prefill_done(self, rid: int, r: int) -> None:
         prompt = self.prompt[rid]

@@ -80,6 +80,7 @@ class Gateway:
             ReplicaLoad(
                 r.running, r.waiting, r.prefill_tokens, r.prefill_pairs, r.kv_used, r.kv_capacity, r.max_seqs,
                 r.work_gpu_s, r.prompt_tokens_total, polled_at=r.polled_at,
+                waiting_by_priority=dict(r.waiting_by_priority),
             )
             for r in snapshot.replicas
         ]  # fmt: skip
@@ -123,7 +124,8 @@ class Gateway:
             view.in_flight_by_tier[request.tier] = view.in_flight_by_tier.get(request.tier, 0.0) + est
             view.queued += 1
             if view.replicas:
-                view.replicas[least_work(view.replicas)].add(request.prompt_tokens, est)
+                level = None if view.engine is None else view.engine.priority(request.tier)
+                view.replicas[least_work(view.replicas)].add(request.prompt_tokens, est, level)
         return decision, est
 
     def lost(self, request: Request, pool: int, now: float, started: bool) -> bool:

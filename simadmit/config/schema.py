@@ -41,6 +41,16 @@ class ContinuousEngineSpec(Spec):
         default=None, gt=0, le=2**31, description="overrides the profile"
     )
     kv_capacity_tokens: int | None = Field(default=None, gt=0, le=2**40, description="overrides the profile")
+    scheduling: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="vLLM's --scheduling-policy: fcfs, or priority (the waiting queue by each request's "
+        "priority, then arrival; when KV runs out, the lowest priority is preempted)",
+    )
+    tier_priority: dict[str, int] = Field(
+        default_factory=dict,
+        description="the priority each tier's requests carry, lower first (e.g. {interactive: 0, batch: 1}; "
+        "tiers absent: 0); used only under priority scheduling, so a variant can switch it on",
+    )
 
 
 def _seconds(dist: DistSpec) -> DistSpec:
@@ -403,6 +413,17 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
                 if tier not in tiers:
                     out.append(
                         (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
+                    )
+    for i, pool in enumerate(spec.pools):
+        engine = pool.engine
+        if isinstance(engine, ContinuousEngineSpec):
+            for tier in engine.tier_priority:
+                if tier not in tiers:
+                    out.append(
+                        (
+                            f"pools.{i}.engine.tier_priority.{tier}",
+                            f"no tier {tier!r} (tiers: {', '.join(tiers)})",
+                        )
                     )
     owner: dict[str, int] = {}
     for i, pool in enumerate(spec.pools):

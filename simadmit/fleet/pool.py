@@ -80,6 +80,8 @@ class Pool(EngineListener):
             int
         ] = []  # per replica: prompt tokens routed there, first token not yet out
         self.prefill_pairs: list[float] = []  # their attention pairs
+        # per replica, under priority scheduling: priority -> (waiting requests, prompt tokens, pairs)
+        self.waiting_by_priority: list[dict[int, tuple[int, int, float]]] = []
         self.prompt_tokens_total: list[int] = []  # per replica: prompt tokens prefilled (a metrics counter)
         self.serving: list[int] = []  # ready and not draining
         self.starting = 0
@@ -127,6 +129,7 @@ class Pool(EngineListener):
         self.work.append(0.0)
         self.prefill_tokens.append(0)
         self.prefill_pairs.append(0.0)
+        self.waiting_by_priority.append({})
         self.prompt_tokens_total.append(0)
         self.lifetimes.append([self.env.now, float("inf")])
         self.serving.append(i)
@@ -195,7 +198,7 @@ class Pool(EngineListener):
                 ReplicaLoad(
                     engine.n_running, engine.n_waiting, self.prefill_tokens[i] - computed, self.prefill_pairs[i],
                     engine.kv_used, engine.kv_cap, engine.max_seqs, self.work[i], self.prompt_tokens_total[i],
-                    polled_at=now,
+                    polled_at=now, waiting_by_priority=dict(self.waiting_by_priority[i]),
                 )
             )  # fmt: skip
         return PoolSnapshot(
@@ -248,6 +251,8 @@ class Pool(EngineListener):
             r = self.replica_of[rid]
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
+            if rid not in self.started:
+                self._count_waiting(rid, r, -1)
             if rid not in self.prefilled:
                 self._prefill_done(rid, r)
             if r in self.draining:
@@ -283,6 +288,17 @@ class Pool(EngineListener):
             assert isinstance(engine, BatchingEngine), "only a batching engine schedules by priority"
             level = self.priorities.get(self.tier_of[rid], 0)
             self.seqs[rid] = engine.submit(rid, prompt, self.output[rid], level)
+            self._count_waiting(rid, r, 1)
+
+    def _count_waiting(self, rid: int, r: int, sign: int) -> None:
+        """Under priority scheduling: count a request in (or out of) its replica's waiting work by priority."""
+        if self.priorities is None:
+            return
+        level = self.priorities.get(self.tier_of[rid], 0)
+        books = self.waiting_by_priority[r]
+        n, tokens, pairs = books.get(level, (0, 0, 0.0))
+        prompt = self.prompt[rid]
+        books[level] = (n + sign, tokens + sign * prompt, pairs + sign * prompt_attention_pairs(prompt))
 
     def _prefill_done(self, rid: int, r: int) -> None:
         prompt = self.prompt[rid]
@@ -306,6 +322,7 @@ class Pool(EngineListener):
     # --- engine side (EngineListener) ----------------------------------------------------------------
 
     def on_scheduled(self, rid: int, now: float) -> None:
+        self._count_waiting(rid, self.replica_of[rid], -1)
         self.queued -= 1
         self.running += 1
         self.started.add(rid)

@@ -102,7 +102,7 @@ class Simulation(RequestListener):
                 Pool(
                     env, p, cfg.replicas, cfg.gpus_per_replica, prompt, self.output, self, world.gateway.routing,
                     central, cfg.profile.step_time, cfg.limits, service, observer,
-                    CostEstimator.from_profile(cfg.gateway_profile),
+                    CostEstimator.from_profile(cfg.gateway_profile), cfg.priorities,
                 )
             )  # fmt: skip
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
@@ -126,7 +126,7 @@ class Simulation(RequestListener):
         estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
         engines = [
-            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens)
+            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
         self.gateways = [

@@ -189,6 +189,12 @@ class GatewaySpec(Spec):
         "produced so far (learned) or its 90th percentile (quantile), both capped at max_tokens; ewma: "
         "max_tokens x an EWMA of true over charged cost per tier; oracle: the true output (a study's bound)",
     )
+    shed_lost_deadlines: bool | None = Field(
+        default=None,
+        description="drop admitted requests whose deadline is lost (queued: even alone their answer would be "
+        "late; running: past it), whatever the policy; default: as the policy says (predicted_ttft's own "
+        "setting; other policies never shed)",
+    )
     http: GatewayHttpSpec = Field(
         default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
     )

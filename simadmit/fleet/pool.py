@@ -38,6 +38,7 @@ class RequestListener:
     def on_first_token(self, rid: int, now: float) -> None: ...
     def on_finish(self, rid: int, now: float) -> None: ...
     def on_aborted(self, rid: int, now: float) -> None: ...
+    def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None: ...
     def on_preempt(self, rid: int) -> None: ...
 
 
@@ -219,12 +220,16 @@ class Pool(EngineListener):
             seq = self.seqs.get(rid)
             if seq is None or rid not in self.prefilled:
                 continue
-            engine = self.replicas[self.replica_of[rid]]
-            generated = seq.generated
-            if seq.state == DECODE and isinstance(engine, BatchingEngine):  # decoders keep a lazy clock
-                generated = seq.gen_join + engine.clock - seq.join_clock
+            generated = self._generated(seq, self.replicas[self.replica_of[rid]])
             done += min(self.estimate[rid], self.prompt[rid] / pre + generated / dec)
         return max(0.0, self.in_flight_gpu_s - done)
+
+    @staticmethod
+    def _generated(seq: Seq, engine: BatchingEngine | ClassicalServer) -> int:
+        """Output tokens a sequence has produced so far (decoders keep a lazy clock)."""
+        if seq.state == DECODE and isinstance(engine, BatchingEngine):
+            return seq.gen_join + engine.clock - seq.join_clock
+        return seq.generated
 
     def admit(self, rid: int, tier: str, estimate_gpu_s: float) -> None:
         """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it."""
@@ -249,6 +254,9 @@ class Pool(EngineListener):
         else:
             seq = self.seqs.pop(rid)
             r = self.replica_of[rid]
+            if rid in self.started:  # the work done on it is lost with it
+                prompt = self.prompt[rid] if rid in self.prefilled else seq.computed
+                self.listener.on_abort_progress(rid, prompt, self._generated(seq, self.replicas[r]))
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
             if rid not in self.started:

@@ -69,6 +69,7 @@ class GatewayConfig:
     routing: str
     dispatch: str
     estimate_output: str = "max_tokens"
+    shed_lost_deadlines: bool | None = None  # None: as the policy says
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,9 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
             pool_of_tier[t] = i
     return World(
         pools=tuple(pools),
-        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),
+        gateway=GatewayConfig(
+            g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output, g.shed_lost_deadlines
+        ),
         clients=ClientConfig(
             c.max_retries,
             c.honor_retry_after,

@@ -273,10 +273,12 @@ def test_priority_scheduling_cuts_interactive_ttft_in_an_overloaded_scenario() -
 
 
 def test_priority_tiers_scenario_answers_its_question() -> None:
-    """`scenarios/priority_tiers.yaml` at reduced size (40 s, seed 1, two of its policies): under unconditional admission
-    priority scheduling brings interactive p99 TTFT from tens of seconds to a few (over seeds 1-5 at 120 s,
-    `scripts/priority_ttft.py`: 76.8 s [74.1, 81.9] vs 2.7 s [2.4, 3.1]) and batch pays for it with a longer
-    p99; behind predicted-TTFT admission the interactive failure rate stays within a few points (4% both)."""
+    """`scenarios/priority_tiers.yaml` at reduced size (40 s, seed 1, two of its policies): under
+    unconditional admission priority scheduling cuts interactive p99 TTFT severalfold and batch pays for it
+    with a longer p99; behind predicted-TTFT admission the interactive failure rate barely moves. At 40 s
+    over seeds 1-5: interactive p99 19.0-21.9 s (FCFS) vs 2.3-3.8 s (priority), a ratio of 5.8-8.8 (checked
+    > 3); batch p99 18.8-21.4 s vs 25.2-30.1 s; predicted_ttft interactive failures differ by 0-2.9 points
+    (checked < 8)."""
     from pathlib import Path
 
     from simadmit.config.loading import load_scenario
@@ -287,7 +289,35 @@ def test_priority_tiers_scenario_answers_its_question() -> None:
     spec, base = load_scenario(path, {"workload.duration_s": 40, "policies": policies})
     s = run_study(spec, base).summary
     fcfs, prio = s["fcfs/unconditional"], s["priority/unconditional"]
-    assert prio["interactive"]["ttft_p99_s"] < fcfs["interactive"]["ttft_p99_s"] / 5, (prio, fcfs)
+    assert prio["interactive"]["ttft_p99_s"] < fcfs["interactive"]["ttft_p99_s"] / 3, (prio, fcfs)
     assert prio["batch"]["ttft_p99_s"] > fcfs["batch"]["ttft_p99_s"]
     failed = [s[f"{v}/predicted_ttft"]["interactive"]["failure_rate"] for v in ("fcfs", "priority")]
-    assert abs(failed[0] - failed[1]) < 0.05, failed
+    assert abs(failed[0] - failed[1]) < 0.08, failed
+
+
+def test_central_dispatch_sends_the_highest_priority_first() -> None:
+    """Central dispatch, one replica with one batch slot, steps of 10 ms: A (batch, 3 tokens) runs from 0;
+    B (batch) then C (interactive) are admitted at 0.005 and held by the pool. When A finishes at 0.03, C
+    is sent first (first token at 0.04), then B (0.05); FCFS order would be the reverse."""
+
+    class Firsts(RequestListener):
+        def __init__(self) -> None:
+            self.first: dict[int, float] = {}
+
+        def on_first_token(self, rid: int, now: float) -> None:
+            self.first[rid] = round(now, 9)
+
+    for priorities, expected in ((PRIORITIES, {1: 0.05, 2: 0.04}), (None, {1: 0.04, 2: 0.05})):
+        env = simpy.Environment()
+        firsts = Firsts()
+        pool = Pool(
+            env, 0, 1, 1, [10, 10, 10], [3, 1, 1], firsts, "least_work", True,
+            OVERHEAD_ONLY, BatchLimits(1, 512, 10_000), priorities=priorities,
+        )  # fmt: skip
+        pool.admit(0, "batch", 1.0)
+        for rid, tier in ((1, "batch"), (2, "interactive")):
+            env.timeout(0.005).callbacks.append(
+                lambda _e, rid=rid, tier=tier, pool=pool: pool.admit(rid, tier, 1.0)
+            )
+        env.run()
+        assert {rid: firsts.first[rid] for rid in (1, 2)} == expected

@@ -10,12 +10,13 @@ also published as what remains: each request's charge less the prefill and the d
 `RequestListener` (the simulation's ledger); the pool writes nothing of anyone else's. An autoscaler may
 add replicas (serving only after their cold start) and drain them (no new work; retired once empty).
 With `priorities` (tier -> priority, lower first) its engines schedule by priority, as vLLM's
-`--scheduling-policy priority` with each request's priority set from its tier; the central dispatch queue
-stays FIFO.
+`--scheduling-policy priority` with each request's priority set from its tier, and so is the central
+dispatch queue.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Mapping
 
@@ -40,6 +41,31 @@ class RequestListener:
     def on_aborted(self, rid: int, now: float) -> None: ...
     def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None: ...
     def on_preempt(self, rid: int) -> None: ...
+
+
+class _ByPriority:
+    """The central dispatch queue under priority scheduling: request ids by (their tier's priority, order of
+    admission), with the deque operations the pool uses."""
+
+    def __init__(self, priorities: Mapping[str, int], tier_of: dict[int, str]) -> None:
+        self.priorities = priorities
+        self.tier_of = tier_of
+        self.heap: list[tuple[int, int, int]] = []
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def __getitem__(self, index: int) -> int:
+        assert index == 0, "only the head is ever looked at"
+        return self.heap[0][2]
+
+    def append(self, rid: int) -> None:
+        heapq.heappush(self.heap, (self.priorities.get(self.tier_of[rid], 0), self.count, rid))
+        self.count += 1
+
+    def popleft(self) -> int:
+        return heapq.heappop(self.heap)[2]
 
 
 class Pool(EngineListener):
@@ -100,7 +126,9 @@ class Pool(EngineListener):
         self.replica_of: dict[int, int] = {}
         self.started: set[int] = set()  # in flight and scheduled at least once
         self.prefilled: set[int] = set()  # in flight and past their first token
-        self.queue: deque[int] = deque()  # central dispatch queue
+        self.queue: deque[int] | _ByPriority = deque()  # central dispatch queue
+        if priorities is not None:
+            self.queue = _ByPriority(priorities, self.tier_of)
         self.in_queue: set[int] = set()
         self.rr = 0
         # what the gateway polls

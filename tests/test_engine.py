@@ -54,16 +54,18 @@ def check_books(engine: BatchingEngine) -> None:
     assert engine.blocks_used <= engine.n_blocks
 
 
-def fast_run(arrival, prompt, output, step, limits, observer=None, books=False):
-    """Run one replica; with `books`, check its books after every event and that a request preempted in
-    a step is still waiting when that step runs (no admission in a step that preempted)."""
+def fast_run(arrival, prompt, output, step, limits, observer=None, books=False, priority=None):
+    """Run one replica (by `priority`, one number per request, if given); with `books`, check its books
+    after every event and that a request preempted in a step is still waiting when that step runs (no
+    admission in a step that preempted)."""
     env = simpy.Environment()
     rec = Recorder(len(arrival))
-    replica = BatchingEngine(env, 0, step, limits, rec, observer)
+    replica = BatchingEngine(env, 0, step, limits, rec, observer, by_priority=priority is not None)
     seqs = {}
 
     def submit(rid: int) -> None:
-        seqs[rid] = replica.submit(rid, int(prompt[rid]), int(output[rid]))
+        level = 0 if priority is None else int(priority[rid])
+        seqs[rid] = replica.submit(rid, int(prompt[rid]), int(output[rid]), level)
 
     for rid, a in enumerate(arrival):
         env.timeout(float(a)).callbacks.append(lambda _e, rid=rid: submit(rid))
@@ -81,7 +83,7 @@ def fast_run(arrival, prompt, output, step, limits, observer=None, books=False):
     return rec, events
 
 
-def timeline(arrival, prompt, output, step, limits):
+def timeline(arrival, prompt, output, step, limits, priority=None):
     """Every step as (start time, running, batched tokens, KV tokens), with the recorder."""
     env = simpy.Environment()
     rec = Recorder(len(arrival))
@@ -90,19 +92,21 @@ def timeline(arrival, prompt, output, step, limits):
     def observe(_r: int, running: int, tokens: int, kv: int) -> None:
         steps.append((round(env.now, 9), running, tokens, kv))
 
-    replica = BatchingEngine(env, 0, step, limits, rec, observe)
+    replica = BatchingEngine(env, 0, step, limits, rec, observe, by_priority=priority is not None)
+    levels = [0] * len(arrival) if priority is None else [int(p) for p in priority]
     for rid, a in enumerate(arrival):
         env.timeout(float(a)).callbacks.append(
-            lambda _e, rid=rid: replica.submit(rid, int(prompt[rid]), int(output[rid]))
+            lambda _e, rid=rid: replica.submit(rid, int(prompt[rid]), int(output[rid]), levels[rid])
         )
     env.run()
     return steps, rec
 
 
-def assert_same_as_reference(rec, arrival, prompt, output, step, limits) -> None:
+def assert_same_as_reference(rec, arrival, prompt, output, step, limits, priority=None) -> None:
     first, finish, _ = reference_run(
-        np.asarray(arrival), np.asarray(prompt), np.asarray(output), step, limits
-    )
+        np.asarray(arrival), np.asarray(prompt), np.asarray(output), step, limits,
+        None if priority is None else np.asarray(priority),
+    )  # fmt: skip
     np.testing.assert_allclose(rec.first, first, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(rec.finish, finish, rtol=1e-9, atol=1e-9)
 

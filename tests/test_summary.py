@@ -266,3 +266,34 @@ def test_json_round_trip_of_a_run_summary_combines_the_same() -> None:
     again = json.loads(json.dumps(one, allow_nan=True))
     text = [json.dumps(summary.combine([run, run]), allow_nan=True, sort_keys=True) for run in (one, again)]
     assert text[0] == text[1]
+
+
+def test_wasted_gpu_seconds_count_late_answers_and_aborted_work_on_missed_deadlines() -> None:
+    """Deadlines 2 s after arrival on requests 0, 1 and 4 only. Request 0 answers at +1.0 s (in time: no
+    waste); request 1 at +2.5 s (late: its whole cost, 100 prompt + 10 output tokens, wasted); request 4 is
+    aborted after prefilling its prompt and decoding 3 tokens (that work wasted); request 6, late by no
+    deadline of its own, wastes nothing. Priced at the profile's saturation rates; the share is over the
+    9 s window of the one GPU offered. The report shows a deadlines table then, and none without deadlines."""
+    from rich.console import Console
+
+    from simadmit.results.report import print_summary
+
+    led = ledger()
+    led.aborted_prompt_done[4], led.aborted_output_done[4] = 100, 3
+    run = result(led)
+    w = workload()
+    w.deadline[[0, 1, 4]] = w.arrival[[0, 1, 4]] + 2.0
+    wd = world()
+    est = wd.pools[0].estimator
+    by_hand = est.estimate(100, 10) + est.estimate(100, 3)
+    s = summary.run_summary(run, w, wd, records.request_table(run, w, wd))
+    assert s["only"]["wasted_gpu_s"] == pytest.approx(by_hand)
+    assert s["all"]["wasted_gpu_s"] == pytest.approx(by_hand)
+    assert s["only"]["wasted_share"] == pytest.approx(by_hand / 9.0)  # the window [0, 9] s of one GPU
+    assert summarise()["only"]["wasted_gpu_s"] == 0.0  # no deadlines: nothing wasted on them
+    console = Console(width=80, record=True)
+    print_summary({"hand": s}, "hand", console)
+    assert "missed deadlines" in console.export_text()
+    console = Console(width=80, record=True)
+    print_summary({"hand": summarise()}, "hand", console)
+    assert "missed deadlines" not in console.export_text()

@@ -7,6 +7,10 @@ headroom exists for. For each request it answers 400 when prompt plus `max_token
 serves (as vLLM would), estimates the request's GPU-seconds (charging the output its tier has been seen to
 produce when an `OutputLearner` is given, or correcting it by a `CostCorrection`) and asks the policy. It
 passes the first token and the completion of each request it admitted on to a `StatefulPolicy`.
+
+Shedding of admitted requests whose deadline is lost (`shed_lost_deadlines`) is the gateway's: None leaves
+it to the policy (the predictive policy's own switch; other policies never shed); True sheds for every
+policy, by `deadline_lost`; False never sheds.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from dataclasses import dataclass
 
 from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLearner, OutputQuantile
 from simadmit.admission.policies import AdmissionPolicy, Decision, PoolView, Request
-from simadmit.admission.predictive import StatefulPolicy
+from simadmit.admission.predictive import OutputEwma, StatefulPolicy
 from simadmit.admission.view import EngineModel, ReplicaLoad, least_work
+from simadmit.config.profile import StepTimeModel
 
 TOO_LONG = Decision(False, "too_long", 0.0)  # HTTP 400: never retried
 
@@ -41,6 +46,22 @@ class PoolSnapshot:
     replicas: tuple[ReplicaLoad, ...] = ()  # per serving replica
 
 
+def deadline_lost(
+    request: Request, step: StepTimeModel, now: float, started: bool, output_tokens: float
+) -> bool:
+    """Post-queue shedding for any policy. A queued request is lost when even alone on an idle replica (its
+    prompt's prefill, then `output_tokens` at the fastest decode step) its answer would come after its
+    deadline; a running one once its deadline has passed (its answer is late whatever happens). Without a
+    learned output length the gateway counts one token: it sheds only what cannot make it."""
+    if request.deadline_s is None:
+        return False
+    if started:
+        return now > request.deadline_s
+    alone = step.overhead_s + step.per_prefill_token_s * request.prompt_tokens
+    alone += (output_tokens - 1) * (step.overhead_s + step.per_decode_seq_s)
+    return now + alone > request.deadline_s
+
+
 class Gateway:
     """One gateway replica in front of several pools (pool i: `estimators[i]`, `max_request_tokens[i]`)."""
 
@@ -52,8 +73,10 @@ class Gateway:
         learner: OutputLearner | OutputQuantile | None = None,
         engines: Sequence[EngineModel | None] | None = None,
         correction: CostCorrection | None = None,
+        shed_lost_deadlines: bool | None = None,
     ) -> None:
         self.policy = policy
+        self.shed_lost_deadlines = shed_lost_deadlines
         self.estimators = tuple(estimators)
         self.max_request_tokens = tuple(max_request_tokens)
         self.learner = learner
@@ -80,6 +103,7 @@ class Gateway:
             ReplicaLoad(
                 r.running, r.waiting, r.prefill_tokens, r.prefill_pairs, r.kv_used, r.kv_capacity, r.max_seqs,
                 r.work_gpu_s, r.prompt_tokens_total, polled_at=r.polled_at,
+                waiting_by_priority=dict(r.waiting_by_priority),
             )
             for r in snapshot.replicas
         ]  # fmt: skip
@@ -123,13 +147,28 @@ class Gateway:
             view.in_flight_by_tier[request.tier] = view.in_flight_by_tier.get(request.tier, 0.0) + est
             view.queued += 1
             if view.replicas:
-                view.replicas[least_work(view.replicas)].add(request.prompt_tokens, est)
+                level = None if view.engine is None else view.engine.priority(request.tier)
+                view.replicas[least_work(view.replicas)].add(request.prompt_tokens, est, level)
         return decision, est
 
+    @property
+    def sheds(self) -> bool:
+        """Whether this gateway ever sheds admitted requests whose deadline is lost."""
+        shed = self.shed_lost_deadlines
+        return shed is True or (shed is None and isinstance(self.policy, StatefulPolicy))
+
     def lost(self, request: Request, pool: int, now: float, started: bool) -> bool:
-        """Whether the policy sheds this admitted request (queued, or `started`): its deadline is lost."""
-        policy = self.policy
-        return isinstance(policy, StatefulPolicy) and policy.lost(request, self.views[pool], now, started)
+        """Whether to shed this admitted request (queued, or `started`): its deadline is lost."""
+        policy, view, shed = self.policy, self.views[pool], self.shed_lost_deadlines
+        if shed is None:
+            return isinstance(policy, StatefulPolicy) and policy.lost(request, view, now, started)
+        if not shed or request.deadline_s is None or view.engine is None:
+            return False
+        outputs = getattr(policy, "outputs", None)  # what a predictive policy learned of output lengths
+        output = 1.0
+        if isinstance(outputs, OutputEwma) and outputs.warm(request.tier):
+            output = min(float(request.max_tokens), outputs.expected(request.tier))
+        return deadline_lost(request, view.engine.step, now, started, output)
 
     def observe_first_token(self, request: Request, admitted_s: float, now: float) -> None:
         """The first token of a request admitted at `admitted_s` streamed back at `now`."""

@@ -147,7 +147,7 @@ class PredictedTtft(StatefulPolicy):
             return Decision(False, "pool_exhausted", retry_after(self.no_capacity_retry_s))
         assert view.engine is not None, "the gateway gives predictive policies the pool's engine model"
         load = view.replicas[least_work(view.replicas)]
-        raw = view.engine.ttft(load, request.prompt_tokens, self.outputs.expected())
+        raw = view.engine.ttft(load, request.prompt_tokens, self.outputs.expected(), request.tier)
         factor = self.ratio.factor(request.tier) if self.correct else 1.0
         wait = raw * factor
         budget = self.budget(request, now) * self.margin

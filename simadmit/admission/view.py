@@ -8,7 +8,8 @@ and the prompt tokens still to prefill ahead of it. Plain data, no simulator imp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
 
@@ -28,17 +29,45 @@ class ReplicaLoad:
     prompt_tokens_total: int = 0  # prompt tokens prefilled since it started: vllm:prompt_tokens_total
     prefill_rate_tps: float = 0.0  # the gateway's smoothed rate of that counter, tokens per second
     polled_at: float = 0.0  # when these metrics were read
+    # under priority scheduling: priority -> (requests waiting, their prompt tokens, their prefill pairs)
+    waiting_by_priority: dict[int, tuple[int, int, float]] = field(default_factory=dict)
 
     @property
     def kv_used_fraction(self) -> float:
         return self.kv_used / self.kv_capacity if self.kv_capacity else 0.0
 
-    def add(self, prompt_tokens: int, estimate_gpu_s: float) -> None:
-        """This gateway sent a request of `prompt_tokens` here: count it until the next poll says otherwise."""
+    def add(self, prompt_tokens: int, estimate_gpu_s: float, priority: int | None = None) -> None:
+        """This gateway sent a request of `prompt_tokens` here: count it until the next poll says otherwise
+        (by its `priority` too, when the replica schedules by priority)."""
+        pairs = prompt_attention_pairs(prompt_tokens)
         self.waiting += 1
         self.prefill_tokens += prompt_tokens
-        self.prefill_pairs += prompt_attention_pairs(prompt_tokens)
+        self.prefill_pairs += pairs
         self.work_gpu_s += estimate_gpu_s
+        if priority is not None:
+            n, tokens, p = self.waiting_by_priority.get(priority, (0, 0, 0.0))
+            self.waiting_by_priority[priority] = (n + 1, tokens + prompt_tokens, p + pairs)
+
+
+def ahead_of(load: ReplicaLoad, priority: int) -> ReplicaLoad:
+    """The load a request of `priority` waits behind under priority scheduling: all of it but the waiting
+    requests of lower priority (a higher number), which it overtakes. Later arrivals of higher priority
+    that will overtake it are unknown at decision time, so left out."""
+    n = tokens = 0
+    pairs = 0.0
+    for level, (count, prompt, p) in load.waiting_by_priority.items():
+        if level > priority:
+            n += count
+            tokens += prompt
+            pairs += p
+    if not n:
+        return load
+    return replace(
+        load,
+        waiting=max(0, load.waiting - n),
+        prefill_tokens=max(0, load.prefill_tokens - tokens),
+        prefill_pairs=max(0.0, load.prefill_pairs - pairs),
+    )
 
 
 def prompt_attention_pairs(prompt_tokens: int) -> float:
@@ -57,7 +86,8 @@ def least_work(replicas: list[ReplicaLoad]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EngineModel:
-    """What a gateway knows of a pool's engines: the profile's step-time model and the token budget.
+    """What a gateway knows of a pool's engines: the profile's step-time model, the token budget and, when
+    they schedule by priority, each tier's priority (`priorities`; None: FCFS).
 
     `ttft` simulates a replica forward in closed form: the prompt tokens ahead of a new request (FCFS) and
     its own are prefilled in chunks of what the decoding batch leaves of the token budget, each step lasting
@@ -68,6 +98,11 @@ class EngineModel:
 
     step: StepTimeModel
     max_num_batched_tokens: int
+    priorities: Mapping[str, int] | None = None
+
+    def priority(self, tier: str) -> int | None:
+        """The priority a request of `tier` carries, or None when the engines serve FCFS."""
+        return None if self.priorities is None else self.priorities.get(tier, 0)
 
     def decode_step(self, load: ReplicaLoad, prompt_tokens: int) -> float:
         """Predicted seconds per output token once a request of `prompt_tokens` joins the batch of `load`:
@@ -86,8 +121,14 @@ class EngineModel:
         prefill_share = min(0.95, (s.per_prefill_token_s + s.per_context_token_s) * load.prefill_rate_tps)
         return decode / (1.0 - prefill_share)
 
-    def ttft(self, load: ReplicaLoad, prompt_tokens: int, mean_output: float) -> float:
-        """Predicted seconds from now to the first token of a request of `prompt_tokens` sent to `load`."""
+    def ttft(
+        self, load: ReplicaLoad, prompt_tokens: int, mean_output: float, tier: str | None = None
+    ) -> float:
+        """Predicted seconds from now to the first token of a request of `prompt_tokens` (of `tier`) sent to
+        `load`: under priority scheduling it waits only behind the work of its priority or higher."""
+        level = None if tier is None else self.priority(tier)
+        if level is not None:
+            load = ahead_of(load, level)
         s = self.step
         decoding = load.running
         per_step = max(1, self.max_num_batched_tokens - decoding)

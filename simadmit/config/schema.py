@@ -41,6 +41,16 @@ class ContinuousEngineSpec(Spec):
         default=None, gt=0, le=2**31, description="overrides the profile"
     )
     kv_capacity_tokens: int | None = Field(default=None, gt=0, le=2**40, description="overrides the profile")
+    scheduling: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="vLLM's --scheduling-policy: fcfs, or priority (the waiting queue by each request's "
+        "priority, then arrival; when KV runs out, the lowest priority is preempted)",
+    )
+    tier_priority: dict[str, int] = Field(
+        default_factory=dict,
+        description="the priority each tier's requests carry, lower first (e.g. {interactive: 0, batch: 1}; "
+        "tiers absent: 0); used only under priority scheduling, so a variant can switch it on",
+    )
 
 
 def _seconds(dist: DistSpec) -> DistSpec:
@@ -178,6 +188,12 @@ class GatewaySpec(Spec):
         description="what a request's decode is charged: its max_tokens, the mean output its tier has "
         "produced so far (learned) or its 90th percentile (quantile), both capped at max_tokens; ewma: "
         "max_tokens x an EWMA of true over charged cost per tier; oracle: the true output (a study's bound)",
+    )
+    shed_lost_deadlines: bool | None = Field(
+        default=None,
+        description="drop admitted requests whose deadline is lost (queued: even alone their answer would be "
+        "late; running: past it), whatever the policy; default: as the policy says (predicted_ttft's own "
+        "setting; other policies never shed)",
     )
     http: GatewayHttpSpec = Field(
         default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
@@ -403,6 +419,17 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
                 if tier not in tiers:
                     out.append(
                         (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
+                    )
+    for i, pool in enumerate(spec.pools):
+        engine = pool.engine
+        if isinstance(engine, ContinuousEngineSpec):
+            for tier in engine.tier_priority:
+                if tier not in tiers:
+                    out.append(
+                        (
+                            f"pools.{i}.engine.tier_priority.{tier}",
+                            f"no tier {tier!r} (tiers: {', '.join(tiers)})",
+                        )
                     )
     owner: dict[str, int] = {}
     for i, pool in enumerate(spec.pools):

@@ -50,7 +50,7 @@ class ClassicalServer(Engine):
         return self.current is None and self.n_waiting == 0
 
     def submit(self, rid: int, prompt: int, target: int) -> Seq:
-        seq = Seq(rid, prompt, target, 0)
+        seq = Seq(rid, prompt, target)
         self.waiting.append(seq)
         self.n_waiting += 1
         if not self.busy:

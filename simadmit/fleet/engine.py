@@ -9,6 +9,14 @@ recomputed). Only in a step that preempted nobody are waiting sequences admitted
 batch has a slot (`max_num_seqs`), the budget has a token and the KV cache has the blocks for the first
 chunk. A step lasts the profile's step time.
 
+With priority scheduling (vLLM's `--scheduling-policy priority`) the waiting queue is ordered by (priority,
+arrival): a lower number first, then the earlier arrival, a preempted sequence keeping its place. When a
+sequence cannot get its blocks, the running sequence of the lowest priority (the latest arrival among
+equals) is preempted instead of the newest; one already scheduled in this step gives its token budget and
+blocks back. vLLM V1 preempts nobody just to admit a waiting request of higher priority (V0 did); nor does
+this engine. One difference: when the sequence short of blocks is itself the one preempted, vLLM schedules
+none of the running sequences after it in that step; here they run (a step's delay, in a preempting step).
+
 Under these rules only the newest running sequence can be mid-prefill (a later one was admitted only if
 the budget outlasted its prompt), so the running order is: every decoder, oldest first, then that one. The
 engine keeps decoders as a group (KV tokens derived from a step clock, block needs from a count of
@@ -28,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import simpy
@@ -45,11 +53,12 @@ class Seq:
 
     __slots__ = (
         "rid", "prompt", "target", "prefill_target", "computed", "generated", "kv", "phase",
-        "state", "order", "join_clock", "gen_join", "kv_join", "finish_clock", "aborted", "started",
+        "state", "order", "join_clock", "gen_join", "kv_join", "finish_clock", "aborted", "started", "rank",
     )  # fmt: skip
 
-    def __init__(self, rid: int, prompt: int, target: int, order: int = 0) -> None:
+    def __init__(self, rid: int, prompt: int, target: int, rank: tuple[int, int] = (0, 0)) -> None:
         self.rid = rid
+        self.rank = rank  # (priority, arrival number): the waiting order under priority scheduling
         self.prompt = prompt
         self.target = target  # output tokens it will produce
         self.prefill_target = prompt  # tokens to (re)compute before the next token
@@ -58,7 +67,7 @@ class Seq:
         self.kv = 0  # KV tokens held (while prefilling; decoders derive it from the clock)
         self.phase = 0  # decoders: (KV tokens - clock) mod block size, fixed while it decodes
         self.state = WAITING
-        self.order = order  # running order: set each time it is admitted; preemption takes the highest
+        self.order = 0  # running order: set each time it is admitted; preemption takes the highest
         self.join_clock = 0
         self.gen_join = 0
         self.kv_join = 0
@@ -107,6 +116,37 @@ class _StepTimer(Event):
         env.schedule(self, LATE, delay)
 
 
+class PriorityQueue:
+    """The waiting queue under priority scheduling: a heap on (priority, arrival number), with the deque
+    operations the engine uses (so FCFS keeps its plain deque). A preempted sequence goes back by its rank."""
+
+    __slots__ = ("heap",)
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[tuple[int, int], Seq]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def __getitem__(self, index: int) -> Seq:
+        assert index == 0, "only the head is ever looked at"
+        return self.heap[0][1]
+
+    def append(self, seq: Seq) -> None:
+        heapq.heappush(self.heap, (seq.rank, seq))  # ranks are unique: sequences are never compared
+
+    appendleft = append
+
+    def popleft(self) -> Seq:
+        return heapq.heappop(self.heap)[1]
+
+    def __iter__(self) -> Iterator[Seq]:
+        return (seq for _, seq in self.heap)
+
+
 def _blocks(tokens: int, block: int) -> int:
     """Blocks holding this many KV tokens."""
     return -(-tokens // block)
@@ -150,9 +190,11 @@ class BatchingEngine(Engine):
         limits: BatchLimits,
         listener: EngineListener,
         observer: StepObserver | None = None,
+        by_priority: bool = False,
     ) -> None:
         self.env = env
         self.index = index
+        self.by_priority = by_priority  # vLLM's priority scheduling (see module docstring); else FCFS
         self.a = step.overhead_s
         self.c_prefill = step.per_prefill_token_s
         self.c_dec = step.per_decode_seq_s
@@ -165,7 +207,8 @@ class BatchingEngine(Engine):
         self.n_blocks = limits.kv_blocks
         self.listener = listener
         self.observer = observer
-        self.waiting: deque[Seq] = deque()
+        self.waiting: deque[Seq] | PriorityQueue = PriorityQueue() if by_priority else deque()
+        self.arrivals = 0  # sequences submitted: their arrival numbers
         self.n_waiting = 0  # live (not aborted) waiting sequences
         self.prefilling: list[Seq] = []  # running and still prefilling, in running order
         self.decoders: set[Seq] = set()
@@ -199,8 +242,9 @@ class BatchingEngine(Engine):
         """A free batch slot that no waiting sequence has claimed (for central dispatch)."""
         return self.n_running + self.n_waiting < self.max_seqs
 
-    def submit(self, rid: int, prompt: int, target: int) -> Seq:
-        seq = Seq(rid, prompt, target)
+    def submit(self, rid: int, prompt: int, target: int, priority: int = 0) -> Seq:
+        seq = Seq(rid, prompt, target, (priority, self.arrivals))
+        self.arrivals += 1
         self.waiting.append(seq)
         self.n_waiting += 1
         if not self.busy:  # the first step starts once every arrival of this instant is in
@@ -209,8 +253,10 @@ class BatchingEngine(Engine):
             self.seg_k = 0
             self.gen += 1
             _StepTimer(self.env, 0.0, self.gen).callbacks.append(self._on_wake)
-        elif self.n_waiting == 1 and len(self.prefilling) + len(self.decoders) < self.max_seqs:
-            self._cut()
+        elif (self.n_waiting == 1 or self.by_priority) and len(self.prefilling) + len(
+            self.decoders
+        ) < self.max_seqs:
+            self._cut()  # by priority, a newcomer may overtake a head that could not get its blocks
         return seq
 
     def abort(self, seq: Seq) -> None:
@@ -242,11 +288,20 @@ class BatchingEngine(Engine):
             prefills, need = self._plan_prefills(budget, need)
         preempted = need > self.n_blocks - self.blocks_used
         if preempted:  # rare: walk the running order as vLLM does
-            self._make_room()
+            chunks = None
+            if self.by_priority:
+                chunks = self._make_room_by_priority()
+            else:
+                self._make_room()
             n_dec = len(self.decoders)
             budget = self.budget - n_dec
             need = self.phase_count[-clock % block] if n_dec else 0
-            prefills, need = self._plan_prefills(budget, need)
+            if chunks is None:
+                prefills, need = self._plan_prefills(budget, need)
+            else:
+                prefills = chunks
+                for seq, chunk in chunks:
+                    need += _blocks(seq.kv + chunk, block) - _blocks(seq.kv, block)
             if n_dec == 0 and not prefills:
                 raise RuntimeError("a request needs more KV blocks than the replica has")
         self.blocks_used += need
@@ -360,6 +415,45 @@ class BatchingEngine(Engine):
             seq, held, need = running.pop()
             room += held + need
             self._preempt(seq)
+
+    def _make_room_by_priority(self) -> list[tuple[Seq, int]]:
+        """vLLM's priority mode: walk the running order; while a sequence cannot get its blocks, preempt
+        the running sequence of the highest rank (lowest priority, latest arrival), handing back what one
+        already walked took in this step, until it can or it was that one. Returns the prefill chunks."""
+        block, clock = self.block, self.clock
+        running: list[tuple[Seq, int, bool]] = [  # (seq, KV tokens held, decoding)
+            (seq, seq.kv_join + clock - seq.join_clock, True) for seq in sorted(self.decoders, key=lambda s: s.order)
+        ]  # fmt: skip
+        running += [(seq, seq.kv, False) for seq in self.prefilling]
+        free = self.n_blocks - self.blocks_used
+        budget = self.budget
+        taken: list[int] = []  # tokens of this step, per walked sequence
+        victims = []
+        j = 0
+        while j < len(running) and budget > 0:
+            seq, held, decoding = running[j]
+            new = 1 if decoding else min(seq.prefill_target - seq.computed, budget)
+            grow = _blocks(held + new, block) - _blocks(held, block)
+            while grow > free:
+                v = max(range(len(running)), key=lambda i: running[i][0].rank)
+                victim, v_held, _ = running.pop(v)
+                victims.append(victim)
+                free += _blocks(v_held, block)
+                if v < j:  # walked already: its tokens and new blocks come back
+                    given = taken.pop(v)
+                    budget += given
+                    free += _blocks(v_held + given, block) - _blocks(v_held, block)
+                    j -= 1
+                if victim is seq:
+                    break
+            if j < len(running) and running[j][0] is seq:
+                free -= grow
+                budget -= new
+                taken.append(new)
+                j += 1
+        for victim in victims:
+            self._preempt(victim)
+        return [(seq, new) for (seq, _, decoding), new in zip(running, taken, strict=False) if not decoding]
 
     def _steps_on_free_blocks(self, free: int, n_dec: int) -> int:
         """How many more decode steps after this one can get their blocks from `free`.

@@ -9,11 +9,16 @@ requests, prompt tokens not yet prefilled, KV use) and publishes them as a `Pool
 also published as what remains: each request's charge less the prefill and the decode tokens already done. What happens to each request is reported to a
 `RequestListener` (the simulation's ledger); the pool writes nothing of anyone else's. An autoscaler may
 add replicas (serving only after their cold start) and drain them (no new work; retired once empty).
+With `priorities` (tier -> priority, lower first) its engines schedule by priority, as vLLM's
+`--scheduling-policy priority` with each request's priority set from its tier, and so is the central
+dispatch queue.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 import simpy
@@ -34,7 +39,33 @@ class RequestListener:
     def on_first_token(self, rid: int, now: float) -> None: ...
     def on_finish(self, rid: int, now: float) -> None: ...
     def on_aborted(self, rid: int, now: float) -> None: ...
+    def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None: ...
     def on_preempt(self, rid: int) -> None: ...
+
+
+class _ByPriority:
+    """The central dispatch queue under priority scheduling: request ids by (their tier's priority, order of
+    admission), with the deque operations the pool uses."""
+
+    def __init__(self, priorities: Mapping[str, int], tier_of: dict[int, str]) -> None:
+        self.priorities = priorities
+        self.tier_of = tier_of
+        self.heap: list[tuple[int, int, int]] = []
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.heap)
+
+    def __getitem__(self, index: int) -> int:
+        assert index == 0, "only the head is ever looked at"
+        return self.heap[0][2]
+
+    def append(self, rid: int) -> None:
+        heapq.heappush(self.heap, (self.priorities.get(self.tier_of[rid], 0), self.count, rid))
+        self.count += 1
+
+    def popleft(self) -> int:
+        return heapq.heappop(self.heap)[2]
 
 
 class Pool(EngineListener):
@@ -54,8 +85,10 @@ class Pool(EngineListener):
         service_s: np.ndarray | None = None,
         observer: StepObserver | None = None,
         estimator: CostEstimator | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
         self.env = env
+        self.priorities = priorities  # None: FCFS engines
         self.estimator = estimator  # prices progress, for the remaining work
         self.index = index
         self.prompt = workload_prompt
@@ -74,6 +107,8 @@ class Pool(EngineListener):
             int
         ] = []  # per replica: prompt tokens routed there, first token not yet out
         self.prefill_pairs: list[float] = []  # their attention pairs
+        # per replica, under priority scheduling: priority -> (waiting requests, prompt tokens, pairs)
+        self.waiting_by_priority: list[dict[int, tuple[int, int, float]]] = []
         self.prompt_tokens_total: list[int] = []  # per replica: prompt tokens prefilled (a metrics counter)
         self.serving: list[int] = []  # ready and not draining
         self.starting = 0
@@ -91,7 +126,9 @@ class Pool(EngineListener):
         self.replica_of: dict[int, int] = {}
         self.started: set[int] = set()  # in flight and scheduled at least once
         self.prefilled: set[int] = set()  # in flight and past their first token
-        self.queue: deque[int] = deque()  # central dispatch queue
+        self.queue: deque[int] | _ByPriority = deque()  # central dispatch queue
+        if priorities is not None:
+            self.queue = _ByPriority(priorities, self.tier_of)
         self.in_queue: set[int] = set()
         self.rr = 0
         # what the gateway polls
@@ -114,11 +151,14 @@ class Pool(EngineListener):
             )
         else:
             assert self.step is not None and self.limits is not None
-            engine = BatchingEngine(self.env, i, self.step, self.limits, self, self.observer)
+            engine = BatchingEngine(
+                self.env, i, self.step, self.limits, self, self.observer, self.priorities is not None
+            )
         self.replicas.append(engine)
         self.work.append(0.0)
         self.prefill_tokens.append(0)
         self.prefill_pairs.append(0.0)
+        self.waiting_by_priority.append({})
         self.prompt_tokens_total.append(0)
         self.lifetimes.append([self.env.now, float("inf")])
         self.serving.append(i)
@@ -187,7 +227,7 @@ class Pool(EngineListener):
                 ReplicaLoad(
                     engine.n_running, engine.n_waiting, self.prefill_tokens[i] - computed, self.prefill_pairs[i],
                     engine.kv_used, engine.kv_cap, engine.max_seqs, self.work[i], self.prompt_tokens_total[i],
-                    polled_at=now,
+                    polled_at=now, waiting_by_priority=dict(self.waiting_by_priority[i]),
                 )
             )  # fmt: skip
         return PoolSnapshot(
@@ -208,12 +248,16 @@ class Pool(EngineListener):
             seq = self.seqs.get(rid)
             if seq is None or rid not in self.prefilled:
                 continue
-            engine = self.replicas[self.replica_of[rid]]
-            generated = seq.generated
-            if seq.state == DECODE and isinstance(engine, BatchingEngine):  # decoders keep a lazy clock
-                generated = seq.gen_join + engine.clock - seq.join_clock
+            generated = self._generated(seq, self.replicas[self.replica_of[rid]])
             done += min(self.estimate[rid], self.prompt[rid] / pre + generated / dec)
         return max(0.0, self.in_flight_gpu_s - done)
+
+    @staticmethod
+    def _generated(seq: Seq, engine: BatchingEngine | ClassicalServer) -> int:
+        """Output tokens a sequence has produced so far (decoders keep a lazy clock)."""
+        if seq.state == DECODE and isinstance(engine, BatchingEngine):
+            return seq.gen_join + engine.clock - seq.join_clock
+        return seq.generated
 
     def admit(self, rid: int, tier: str, estimate_gpu_s: float) -> None:
         """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it."""
@@ -238,8 +282,13 @@ class Pool(EngineListener):
         else:
             seq = self.seqs.pop(rid)
             r = self.replica_of[rid]
+            if rid in self.started:  # the work done on it is lost with it
+                prompt = self.prompt[rid] if rid in self.prefilled else seq.computed
+                self.listener.on_abort_progress(rid, prompt, self._generated(seq, self.replicas[r]))
             self.replicas[r].abort(seq)
             self.work[r] -= self.estimate[rid]
+            if rid not in self.started:
+                self._count_waiting(rid, r, -1)
             if rid not in self.prefilled:
                 self._prefill_done(rid, r)
             if r in self.draining:
@@ -268,7 +317,24 @@ class Pool(EngineListener):
         prompt = self.prompt[rid]
         self.prefill_tokens[r] += prompt
         self.prefill_pairs[r] += prompt_attention_pairs(prompt)
-        self.seqs[rid] = self.replicas[r].submit(rid, prompt, self.output[rid])
+        engine = self.replicas[r]
+        if self.priorities is None:
+            self.seqs[rid] = engine.submit(rid, prompt, self.output[rid])
+        else:
+            assert isinstance(engine, BatchingEngine), "only a batching engine schedules by priority"
+            level = self.priorities.get(self.tier_of[rid], 0)
+            self.seqs[rid] = engine.submit(rid, prompt, self.output[rid], level)
+            self._count_waiting(rid, r, 1)
+
+    def _count_waiting(self, rid: int, r: int, sign: int) -> None:
+        """Under priority scheduling: count a request in (or out of) its replica's waiting work by priority."""
+        if self.priorities is None:
+            return
+        level = self.priorities.get(self.tier_of[rid], 0)
+        books = self.waiting_by_priority[r]
+        n, tokens, pairs = books.get(level, (0, 0, 0.0))
+        prompt = self.prompt[rid]
+        books[level] = (n + sign, tokens + sign * prompt, pairs + sign * prompt_attention_pairs(prompt))
 
     def _prefill_done(self, rid: int, r: int) -> None:
         prompt = self.prompt[rid]
@@ -292,6 +358,7 @@ class Pool(EngineListener):
     # --- engine side (EngineListener) ----------------------------------------------------------------
 
     def on_scheduled(self, rid: int, now: float) -> None:
+        self._count_waiting(rid, self.replica_of[rid], -1)
         self.queued -= 1
         self.running += 1
         self.started.add(rid)

@@ -4,6 +4,10 @@ A request with a deadline that completes after it was served for nothing: its GP
 profile's saturation rates, for its true lengths) are wasted. Door rejection (predicted late: never
 admitted) and post-queue shedding (admitted, still queued when the deadline was lost: dropped before any
 GPU time) are the two ways to waste less; this counts both and what was wasted anyway.
+
+`deadline_waste` prices, per request, the GPU time spent on a request with a deadline that brought no
+answer in time: the whole of an answer that came late, and the tokens prefilled and decoded before an abort
+(shed past its deadline, or its client gone). The summary reports its sum per tier as `wasted_gpu_s`.
 """
 
 from __future__ import annotations
@@ -12,10 +16,31 @@ import math
 
 import numpy as np
 
-from simadmit.sim.ledger import COMPLETED
+from simadmit.sim.ledger import ABORTED, COMPLETED
 from simadmit.sim.simulation import RunResult
 from simadmit.sim.world import World
 from simadmit.workload.build import Workload
+
+
+def deadline_waste(result: RunResult, workload: Workload, world: World) -> np.ndarray:
+    """GPU-seconds (at the true profile's saturation rates) each request spent without answering by its
+    deadline; 0 for requests without one, answered in time, or never served."""
+    led = result.ledger
+    has = np.isfinite(workload.deadline)
+    outcome = np.asarray(led.outcome)
+    late = has & (outcome == COMPLETED) & (np.asarray(led.finish, dtype=float) > workload.deadline)
+    aborted = has & (outcome == ABORTED)
+    pool = np.asarray(led.pool)
+    prompt_done = np.asarray(led.aborted_prompt_done)
+    output_done = np.asarray(led.aborted_output_done)
+    waste = np.zeros(len(workload))
+    for p, cfg in enumerate(world.pools):
+        est = cfg.estimator
+        mine = late & (pool == p)
+        waste[mine] = est.estimate_many(workload.prompt[mine], workload.output[mine])
+        mine = aborted & (pool == p)
+        waste[mine] = est.estimate_many(prompt_done[mine], output_done[mine])
+    return waste
 
 
 def deadline_report(result: RunResult, workload: Workload, world: World) -> dict[str, float]:
@@ -43,4 +68,5 @@ def deadline_report(result: RunResult, workload: Workload, world: World) -> dict
         "wasted_gpu_s": float(cost[late].sum()),  # the full cost of answers delivered late
         "wasted_share": float(cost[late].sum() / cost[served].sum()) if served.any() else math.nan,
         "shed_running_gpu_s_at_most": float(cost[shed_running].sum()),  # bound on the aborted ones' work
+        "wasted_total_gpu_s": float(deadline_waste(result, workload, world).sum()),  # late + aborted work
     }

@@ -33,6 +33,10 @@ LOAD = (
     ("work_utilization", "GPU\nwork", "{:.0%}"),
     ("goodput_rps", "good-\nput/s", "{:.1f}"),
 )
+DEADLINES = (  # shown when some request's deadline went by with GPU time spent on it
+    ("wasted_gpu_s", "GPU-s wasted\non missed deadlines", "{:.1f}"),
+    ("wasted_share", "share of\nGPU offered", "{:.1%}"),
+)
 
 
 def _cell(measures: dict, key: str, fmt: str) -> str:
@@ -76,11 +80,13 @@ def summary_table(
 
 
 def print_summary(summary: dict[str, dict[str, dict]], title: str, console: Console | None = None) -> None:
-    """Two tables: latencies (seconds, from first arrival) and load (failures, waits, GPU, goodput); then
-    the notes on percentiles resting on few observations and on replications that gave no value."""
+    """Two tables: latencies (seconds, from first arrival) and load (failures, waits, GPU, goodput), a
+    third when GPU time went to requests that missed their deadline (per tier and policy); then the notes on percentiles resting on few observations and on replications that gave no value."""
     console = console or Console()
     heading = "latency, seconds from first arrival; every arrival counts (never answered: inf), served: completed only"
     console.print(summary_table(summary, f"{title}\n{heading}", LATENCY))
     console.print(summary_table(summary, "load", LOAD))
+    if any(m.get("wasted_gpu_s", 0.0) > 0 for tiers in summary.values() for m in tiers.values()):
+        console.print(summary_table(summary, "deadlines", DEADLINES))
     for line in notes(summary):
         console.print(f"note: {line}", highlight=False, soft_wrap=True)

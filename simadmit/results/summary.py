@@ -10,8 +10,11 @@ ones (429 after every retry, or 400 too long). Queue wait = first scheduled in a
 Utilization = fraction of replica-time running steps (what a GPU dashboard shows: near 100% as soon as a
 continuous-batching engine always has a request); work utilization = GPU-seconds of completed work at the
 profile's saturation rates / GPU-seconds the ready replicas offered (the x-axis of p99-vs-utilization
-curves), and paid work utilization the same work / GPU-seconds paid for, cold starts included; goodput = completed requests meeting their tier's TTFT and E2E SLO, per second. Requests that
-arrive during the warm-up are left out.
+curves), and paid work utilization the same work / GPU-seconds paid for, cold starts included; goodput = completed requests meeting their tier's TTFT and E2E SLO, per second. Wasted GPU-seconds
+= GPU time (at saturation rates) spent on requests with a deadline that brought no answer by it: answers
+that came late, and the work done on requests aborted mid-service (`results.deadlines.deadline_waste`);
+wasted share = that / the GPU-seconds the ready replicas offered. Requests that arrive during the warm-up
+are left out.
 
 Each run keeps its latencies as `LatencyHistogram`s (under `DISTRIBUTIONS`), so that a percentile over
 several replications is the pooled sample's quantile with a sectioning interval (`results.intervals`),
@@ -25,6 +28,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from simadmit.results.deadlines import deadline_waste
 from simadmit.results.histogram import LatencyHistogram
 from simadmit.results.intervals import FEW_BEYOND, pooled_quantile, t975
 from simadmit.results.records import utilization
@@ -70,6 +74,7 @@ def tier_measures(
     ttft = completed["ttft_s"].to_numpy()
     e2e = completed["e2e_s"].to_numpy()
     wait = req["queue_wait_s"].dropna().to_numpy()
+    wasted = float(req["wasted_gpu_s"].sum())
     good = int(((ttft <= ttft_slo) & (e2e <= e2e_slo)).sum())
     admitted = int(req["admit_s"].notna().sum())
     attempts = int(req["attempts"].sum())
@@ -85,6 +90,8 @@ def tier_measures(
         "utilization": util,
         "work_utilization": work_done / gpu_s[0] if gpu_s[0] > 0 else math.nan,
         "paid_work_utilization": work_done / gpu_s[1] if gpu_s[1] > 0 else math.nan,
+        "wasted_gpu_s": wasted,
+        "wasted_share": wasted / gpu_s[0] if gpu_s[0] > 0 else math.nan,
         "goodput_rps": good / window_s,
         "slo_attainment": good / n if n else math.nan,
         "offered_rps": n / window_s,
@@ -140,7 +147,10 @@ def measurement_window(workload: Workload, world: World) -> tuple[float, float]:
 
 def run_summary(result: RunResult, workload: Workload, world: World, req: pd.DataFrame) -> dict[str, dict]:
     """Measures per tier and for all requests ("all") of one run, from its `records.request_table`."""
-    req = req.assign(true_cost_gpu_s=_true_cost(req, world))
+    req = req.assign(
+        true_cost_gpu_s=_true_cost(req, world),
+        wasted_gpu_s=deadline_waste(result, workload, world)[req["request_id"].to_numpy()],
+    )
     start, end = measurement_window(workload, world)
     completed = req[req["outcome"] == "completed"]
     req = req[req["arrival_s"] >= start]

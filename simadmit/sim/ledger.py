@@ -26,6 +26,8 @@ class Ledger:
         self.pool = [-1] * n
         self.replica = [-1] * n
         self.preemptions = [0] * n
+        self.aborted_prompt_done = [0] * n  # tokens prefilled and decoded when it was aborted mid-service
+        self.aborted_output_done = [0] * n
         # one entry per attempt
         self.att_rid: list[int] = []
         self.att_time: list[float] = []

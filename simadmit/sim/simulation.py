@@ -102,7 +102,7 @@ class Simulation(RequestListener):
                 Pool(
                     env, p, cfg.replicas, cfg.gpus_per_replica, prompt, self.output, self, world.gateway.routing,
                     central, cfg.profile.step_time, cfg.limits, service, observer,
-                    CostEstimator.from_profile(cfg.gateway_profile),
+                    CostEstimator.from_profile(cfg.gateway_profile), cfg.priorities,
                 )
             )  # fmt: skip
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
@@ -126,11 +126,12 @@ class Simulation(RequestListener):
         estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
         engines = [
-            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens)
+            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
         self.gateways = [
-            Gateway(policy, estimators, limits, learner, engines, correction) for _ in range(g.replicas)
+            Gateway(policy, estimators, limits, learner, engines, correction, g.shed_lost_deadlines)
+            for _ in range(g.replicas)
         ]
         self.live = g.poll_interval_s == 0
         self.next_gateway = 0
@@ -142,7 +143,7 @@ class Simulation(RequestListener):
         self.progress = progress
         self.events = 0
         # post-queue shedding: admitted requests with a deadline, not finished -> their pool
-        self.sheds = isinstance(policy, StatefulPolicy) and bool(np.isfinite(workload.deadline).any())
+        self.sheds = self.gateways[0].sheds and bool(np.isfinite(workload.deadline).any())
         self.waiting_with_deadline: dict[int, int] = {}
         self.shed: list[int] = []
 
@@ -287,6 +288,10 @@ class Simulation(RequestListener):
         led.finish[rid] = now
         led.outcome[rid] = ABORTED
         self._done(rid)
+
+    def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None:
+        self.ledger.aborted_prompt_done[rid] = prompt_tokens
+        self.ledger.aborted_output_done[rid] = output_tokens
 
     def on_preempt(self, rid: int) -> None:
         self.ledger.preemptions[rid] += 1

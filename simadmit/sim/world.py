@@ -50,6 +50,7 @@ class PoolConfig:
     autoscaler: AutoscalerConfig | None = None
     cold_start: Distribution | None = None
     believed: Profile | None = None  # the profile the gateways use, if not the engines' (a calibration error)
+    priorities: dict[str, int] | None = None  # tier -> priority under priority scheduling; None: FCFS
 
     @property
     def estimator(self) -> CostEstimator:
@@ -68,6 +69,7 @@ class GatewayConfig:
     routing: str
     dispatch: str
     estimate_output: str = "max_tokens"
+    shed_lost_deadlines: bool | None = None  # None: as the policy says
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
         if isinstance(e, ClassicalEngineSpec):
             limits = BatchLimits(1, profile.engine.max_num_batched_tokens, profile.kv_capacity_tokens)
             service: Distribution | None = distribution(e.service_time)
+            priorities: dict[str, int] | None = None
         else:
             limits = BatchLimits(
                 e.max_num_seqs or profile.engine.max_num_seqs,
@@ -157,6 +160,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
                 profile.kv_block_size,
             )
             service = None
+            priorities = dict(e.tier_priority) if e.scheduling == "priority" else None
         served = p.tiers or list(tier_names)
         pools.append(
             PoolConfig(
@@ -170,6 +174,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
                 service=service,
                 autoscaler=_autoscaler(p),
                 cold_start=distribution(p.autoscaler.cold_start_s) if p.autoscaler else None,
+                priorities=priorities,
             )
         )
     g, c = spec.gateway, spec.clients
@@ -179,7 +184,9 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
             pool_of_tier[t] = i
     return World(
         pools=tuple(pools),
-        gateway=GatewayConfig(g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output),
+        gateway=GatewayConfig(
+            g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output, g.shed_lost_deadlines
+        ),
         clients=ClientConfig(
             c.max_retries,
             c.honor_retry_after,

@@ -79,7 +79,7 @@ class Gateway:
         view.replicas = [
             ReplicaLoad(
                 r.running, r.waiting, r.prefill_tokens, r.prefill_pairs, r.kv_used, r.kv_capacity, r.max_seqs,
-                r.work_gpu_s, r.prompt_tokens_total, polled_at=r.polled_at,
+                r.work_gpu_s, r.prompt_tokens_total, polled_at=r.polled_at, remaining_steps=r.remaining_steps,
             )
             for r in snapshot.replicas
         ]  # fmt: skip
@@ -135,6 +135,11 @@ class Gateway:
         """The first token of a request admitted at `admitted_s` streamed back at `now`."""
         if isinstance(self.policy, StatefulPolicy):
             self.policy.observe_first_token(request, admitted_s, now)
+
+    def observe_abort(self, request: Request, now: float) -> None:
+        """An admitted request ended without its answer (aborted, shed, its client gone)."""
+        if isinstance(self.policy, StatefulPolicy):
+            self.policy.observe_abort(request, now)
 
     def observe_completion(
         self, request: Request, output_tokens: int, now: float = 0.0, pool: int = 0

@@ -28,6 +28,9 @@ class ReplicaLoad:
     prompt_tokens_total: int = 0  # prompt tokens prefilled since it started: vllm:prompt_tokens_total
     prefill_rate_tps: float = 0.0  # the gateway's smoothed rate of that counter, tokens per second
     polled_at: float = 0.0  # when these metrics were read
+    # decode steps each sequence in the batch still has to run, shortest first, when the gateway knows the
+    # true output lengths (a study's oracle); empty when it does not (a real gateway: only their mean)
+    remaining_steps: tuple[int, ...] = ()
 
     @property
     def kv_used_fraction(self) -> float:
@@ -108,9 +111,15 @@ class EngineModel:
         tokens += chunk
         if not decoding:
             return t
-        # steps until a slot frees: finishes come at decoding / mean_output per step (renewal rate)
+        # steps until a slot frees: finishes come at decoding / mean_output per step (renewal rate), or,
+        # when the running sequences' remaining lengths are known, with the k-th shortest of them (no later:
+        # sequences joining meanwhile can only bring a finish forward)
         finishes = load.running + load.waiting + 1 - load.max_seqs if load.max_seqs else 0
         wait_steps = max(0.0, finishes * mean_output / decoding)
+        known = load.remaining_steps
+        if finishes > 0 and known:
+            k = min(finishes, len(known))
+            wait_steps = known[k - 1] + (finishes - k) * mean_output / decoding
         kv_short = load.kv_used + tokens - load.kv_capacity if load.kv_capacity else 0
         if kv_short > 0:  # KV frees at kv_used / mean_output per step, while decoders grow it by one each
             freed = load.kv_used / mean_output - decoding

@@ -200,16 +200,25 @@ def test_known_remaining_lengths_set_the_wait_for_a_slot() -> None:
 def test_a_sheddable_tier_never_trusts_a_smaller_correction_than_the_critical_tier() -> None:
     """Interactive first tokens came 3x later than predicted, batch ones as predicted: batch (which waits in
     the same FCFS queue) is predicted with the interactive factor, so it cannot fill the queue while
-    interactive requests are refused. Ten seconds without an observation bring a factor 1 - 1/e of the way
-    back to 1, so a factor that makes a tier refuse everything cannot last."""
+    interactive requests are refused. A tier that gets nothing in for longer than 10 s sees its factor relax
+    towards 1 (another 10 s: 1 - 1/e of the way), so a factor that makes a tier refuse everything cannot
+    last; what was forgotten stays forgotten, and a tier whose requests get in keeps its factor."""
     p = PredictedTtft(budgets_s={"interactive": 3.0, "batch": 60.0}, forget_s=10.0)
     for _ in range(30):
         p.ratio.observe("interactive", 1.0, 3.0, now=0.0)
         p.ratio.observe("batch", 1.0, 1.0, now=0.0)
     assert p.factor("interactive", 0.0) == pytest.approx(3.0)
     assert p.factor("batch", 0.0) == pytest.approx(3.0)
-    assert p.factor("interactive", 10.0) == pytest.approx(1.0 + 2.0 / math.e)
+    assert p.factor("interactive", 10.0) == pytest.approx(3.0)
+    assert p.factor("interactive", 20.0) == pytest.approx(1.0 + 2.0 / math.e)
     assert p.factor("interactive", 100.0) == pytest.approx(1.0, abs=1e-3)
+    view = engine_view(ReplicaLoad(max_seqs=8, kv_capacity=10**6))
+    assert p.decide(Request(1, "interactive", 100, 64, 100.0), 0.0, view, 100.0).admit
+    assert p.factor("interactive", 105.0) == pytest.approx(1.0, abs=1e-3)  # what it forgot stays forgotten
+    p.ratio.observe("interactive", 1.0, 3.0, now=105.0)
+    for t in range(105, 200, 5):  # admitted every 5 s: the factor it learned holds
+        assert p.decide(Request(t, "interactive", 100, 64, t), 0.0, view, t).admit
+    assert p.factor("interactive", 200.0) == pytest.approx(1.0 + 2.0 * 0.05, rel=1e-3)
     assert PredictedTtft(correct=False).factor("interactive", 0.0) == 1.0
 
 

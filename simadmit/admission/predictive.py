@@ -11,8 +11,8 @@ fits the tier's TTFT budget (and the request's deadline), and otherwise answers 
 It corrects itself online: the predicted and actual time to first token of what it admitted while a batch
 slot was free feed an EWMA ratio per tier (a mis-calibrated profile, or the other gateways' admits it cannot
 see, heal within tens of requests; waits for a slot are left out, their error being the renewal estimate's,
-not the calibration's). A sheddable tier's ratio is never below the critical tier's, and the ratio relaxes
-towards 1 when nothing teaches it, so a correction can never lock a tier out. An EWMA of the output lengths,
+not the calibration's). A sheddable tier's ratio is never below the critical tier's, and a tier's ratio
+relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. An EWMA of the output lengths,
 taken in admission order (`AdmissionOrder`: completions come shortest first), sets the rate at which a full
 batch frees slots and the expected length of an answer.
 """
@@ -152,7 +152,7 @@ class PredictedTtft(StatefulPolicy):
     no_capacity_retry_s: float = 5.0
     shed_lost_deadlines: bool = True
     outputs: OutputEwma = field(default_factory=OutputEwma)
-    forget_s: float = 10.0  # the correction relaxes towards 1 when nothing admitted teaches it
+    forget_s: float = 10.0  # a tier's correction relaxes towards 1 while none of its requests gets in
     ratio: RatioEwma = field(init=False)
     pending: dict[int, tuple[str, float]] = field(default_factory=dict, init=False)
     order: AdmissionOrder = field(default_factory=AdmissionOrder, init=False)
@@ -231,6 +231,7 @@ class PredictedTtft(StatefulPolicy):
         if load.running + load.waiting < load.max_seqs:  # the correction learns where the model is exact
             self.pending[request.id] = (request.tier, raw)
         self.order.admitted(request.tier, request.id, now)
+        self.ratio.renew(request.tier, now)  # only a tier that gets nothing in lets its correction relax
         return ADMIT._replace(predicted_wait_s=wait)
 
     def lost(self, request: Request, view: PoolView, now: float, started: bool) -> bool:

@@ -6,7 +6,8 @@ other gateway replicas' admits stay invisible until the next poll, which is the 
 headroom exists for. For each request it answers 400 when prompt plus `max_tokens` exceed what the model
 serves (as vLLM would), estimates the request's GPU-seconds (charging the output its tier has been seen to
 produce when an `OutputLearner` is given, or correcting it by a `CostCorrection`) and asks the policy. It
-passes the first token and the completion of each request it admitted on to a `StatefulPolicy`.
+passes the first token and the completion (or abort) of each request it admitted on to a
+`StatefulPolicy`.
 """
 
 from __future__ import annotations

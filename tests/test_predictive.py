@@ -17,7 +17,7 @@ from simadmit.admission.view import EngineModel, ReplicaLoad
 from simadmit.config.loading import load_scenario
 from simadmit.config.profile import StepTimeModel, load_profile
 from simadmit.config.resources import default_scenario, resolve_profile
-from simadmit.fleet.engine import BatchLimits
+from simadmit.fleet.engine import BatchingEngine, BatchLimits
 from simadmit.fleet.pool import Pool, RequestListener
 from simadmit.sim.world import build_world
 from simadmit.study.runner import run_scenario
@@ -195,6 +195,41 @@ def test_known_remaining_lengths_set_the_wait_for_a_slot() -> None:
         (90 + 2 * 25 - 60) * 0.01
     )
     assert model.ttft(blind, 100, 100.0) > model.ttft(full, 100, 100.0)  # 6 finishes at 25 steps each
+
+
+def test_a_pool_publishes_each_running_sequences_remaining_steps() -> None:
+    """With known outputs a snapshot lists, per replica, the decode steps each running sequence has left,
+    shortest first: the shortest is the number of decode steps until the replica's next finish."""
+    rng = np.random.default_rng(7)
+    n = 40
+    prompts = [int(x) for x in rng.integers(50, 2000, n)]
+    outputs = [int(x) for x in rng.integers(20, 400, n)]
+    env = simpy.Environment()
+    finishes = Finishes()
+    pool = Pool(env, 0, 1, 1, prompts, outputs, finishes, "least_work", False, PROFILE.step_time, LIMITS,
+                estimator=CostEstimator.from_profile(PROFILE))  # fmt: skip
+    for i in range(n):
+        pool.admit(i, "t", 1.0)
+    env.run(until=2.0)
+    engine = pool.replicas[0]
+    assert isinstance(engine, BatchingEngine)
+    steps = pool.snapshot(known_outputs=True).replicas[0].remaining_steps
+    assert pool.snapshot().replicas[0].remaining_steps == ()  # a gateway without the oracle sees none
+    assert len(steps) == engine.n_running and list(steps) == sorted(steps) and steps[0] > 0
+    clock = engine.clock
+    finishes.engine = engine
+    env.run()
+    assert finishes.clocks[0] - clock == steps[0]
+
+
+class Finishes(RequestListener):
+    def __init__(self) -> None:
+        self.engine: BatchingEngine | None = None
+        self.clocks: list[int] = []
+
+    def on_finish(self, rid: int, now: float) -> None:
+        if self.engine is not None:
+            self.clocks.append(self.engine.clock)
 
 
 def test_a_sheddable_tier_never_trusts_a_smaller_correction_than_the_critical_tier() -> None:

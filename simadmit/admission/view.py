@@ -65,8 +65,9 @@ class EngineModel:
     `ttft` simulates a replica forward in closed form: the prompt tokens ahead of a new request (FCFS) and
     its own are prefilled in chunks of what the decoding batch leaves of the token budget, each step lasting
     the step model's time; if no batch slot or not enough KV cache is free, it first waits for finishes,
-    which a full batch of `d` sequences of mean output `m` produces at `d / m` per step (renewal rate),
-    each step slowed by the prefill chunks it carries (`decode_step`).
+    which a full batch of `d` sequences of mean output `m` produces at `d / m` per step (renewal rate), or,
+    when the load carries the running sequences' remaining steps, after the k-th shortest of them; each step
+    slowed by the prefill chunks it carries (`decode_step`).
     """
 
     step: StepTimeModel

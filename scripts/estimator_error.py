@@ -4,9 +4,9 @@ Estimates of output length: `max_tokens` (what the client asks), `quantile` (90t
 outputs seen), `learned` (their mean), `ewma` (max_tokens x an EWMA of true over charged cost), `oracle`
 (the true length). Profile error: the gateways believe rates 0.5x or 2x the engines' true ones (their step
 times 2x or 0.5x), with max_tokens estimates. For each, at the given loads (offered work / capacity, as in
-policy_ranking.py), every policy on the same seeds: the critical tier's goodput, rejections, p99 TTFT and
-SLO violations (requests that arrived and did not complete within their SLO), and the work utilization
-given up against unconditional admission at the same load.
+policy_ranking.py), every policy on the same seeds: the critical tier's goodput, rejections, p99 TTFT of the
+requests served, SLO violations (requests that arrived and did not complete within their SLO), and the work
+utilization given up against unconditional admission at the same load.
 
     python scripts/estimator_error.py [--scenario default] [--loads 1,3] [--seeds 2] [--out estimator_error.csv]
 """
@@ -78,7 +78,7 @@ def main() -> None:
                 tier = s[critical.name]
                 rows.append({
                     "load": load, "estimator": label, "policy": name, "goodput_rps": tier["goodput_rps"],
-                    "rejection_rate": tier["rejection_rate"], "ttft_p99_s": tier["ttft_p99_s"],
+                    "rejection_rate": tier["rejection_rate"], "ttft_p99_s": tier["served_ttft_p99_s"],
                     "slo_violations": 1.0 - tier["slo_attainment"],
                     "work_utilization": s["all"]["work_utilization"],
                     "utilization_given_up": free_util - s["all"]["work_utilization"],

@@ -5,11 +5,10 @@ rates) = x times the GPU-seconds the pool offers; the rate multiplier giving it 
 workload at multiplier 1. Every policy runs on the same seeds (replication r: seed + r). Prints one markdown
 table per scenario and load, and the target check of predicted-TTFT admission:
 (a) where unconditional admission meets the interactive SLO (p99 TTFT), predicted_ttft rejects <= 0.5% and
-its p99 TTFT is within 10% of unconditional's; (b) past saturation its interactive p99 TTFT stays within the
-SLO and its goodput (all tiers) is at least the best of gpu_seconds and queue_depth.
-
-Rate limiters (token bucket, RPM/TPM, post-hoc tokens) are sized to what each tier sends at 1x capacity
-(the bucket's burst: 5 s of it), as an operator would size them from a capacity test.
+its p99 TTFT (every arrival, a rejected request counting as a miss) is within 10% of unconditional's; (b)
+past saturation the p99 TTFT of the requests it admitted (and served) stays within the SLO and its goodput
+(all tiers) is at least the best of gpu_seconds and queue_depth. Tables show the served p99 TTFT: past
+saturation every policy that refuses more than 1% has an infinite every-arrival p99 (the failed column).
 
 Rate limiters (token bucket, RPM/TPM, post-hoc tokens) are sized to what each tier sends at 1x capacity
 (the bucket's burst: 5 s of it), as an operator would size them from a capacity test.
@@ -103,6 +102,28 @@ def at_capacity(scenario: str, overrides: dict) -> tuple[float, dict[str, dict[s
     return unit, {t: {k: v / unit for k, v in c.items()} for t, c in sends.items()}
 
 
+def print_summary(table: pd.DataFrame) -> None:
+    """One table per scenario, as the README shows it: policies ranked by the critical tier's goodput at the
+    highest load; a cell per load: goodput/s, rejected, failed, work utilization, served p99 TTFT."""
+    top = table["load"].max()
+    for scenario, g in table.groupby("scenario", sort=False):
+        tier, slo = g["tier"].iloc[0], g["slo_ttft_s"].iloc[0]
+        loads = sorted(g["load"].unique())
+        print(f"\n`{scenario}` ({tier} tier, TTFT SLO {slo:g} s); each cell: {tier} goodput/s, rejected, failed, "
+              f"work utilization (all tiers), {tier} p99 TTFT of the requests served\n")  # fmt: skip
+        print(f"| rank at {top:g}x | policy | " + " | ".join(f"{x:g}x" for x in loads) + " |")
+        print("|---|---|" + "---|" * len(loads))
+        ranked = g[g["load"] == top].sort_values("goodput_rps", ascending=False)["policy"]
+        for rank, policy in enumerate(ranked, 1):
+            rows = g[g["policy"] == policy].set_index("load")
+            cells = [
+                f"{r.goodput_rps:.1f} · {r.rejection_rate:.0%} · {r.failure_rate:.0%} · {r.work_utilization:.0%} · "
+                f"{r.served_ttft_p99_s:.3g} s"
+                for r in (rows.loc[x] for x in loads)
+            ]  # fmt: skip
+            print(f"| {rank} | {policy} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--loads", default="0.5,1,2,3")
@@ -135,7 +156,8 @@ def main() -> None:
                     "goodput_rps": tier["goodput_rps"], "goodput_ci95": tier.get("goodput_rps_ci95", math.nan),
                     "all_goodput_rps": everything["goodput_rps"],
                     "rejection_rate": tier["rejection_rate"], "failure_rate": failed / tier["requests"],
-                    "ttft_p99_s": tier["ttft_p99_s"], "e2e_p99_s": tier["e2e_p99_s"],
+                    "ttft_p99_s": tier["ttft_p99_s"], "served_ttft_p99_s": tier["served_ttft_p99_s"],
+                    "e2e_p99_s": tier["e2e_p99_s"],
                     "work_utilization": everything["work_utilization"],
                 })  # fmt: skip
             print(f"done {scenario} x{load}", flush=True)
@@ -147,11 +169,12 @@ def main() -> None:
         print(
             f"\n{scenario}, {load:g}x capacity ({g['tier'].iloc[0]} tier, TTFT SLO {g['slo_ttft_s'].iloc[0]:g} s)\n"
         )
-        print("| policy | goodput/s | rejected | failed | TTFT p99 s | work util |")
+        print("| policy | goodput/s | rejected | failed | served TTFT p99 s | work util |")
         print("|---|---|---|---|---|---|")
         for r in g.itertuples():
             print(f"| {r.policy} | {r.goodput_rps:.1f} ± {r.goodput_ci95:.1f} | {r.rejection_rate:.1%} | "
-                  f"{r.failure_rate:.1%} | {r.ttft_p99_s:.2f} | {r.work_utilization:.0%} |")  # fmt: skip
+                  f"{r.failure_rate:.1%} | {r.served_ttft_p99_s:.2f} | {r.work_utilization:.0%} |")  # fmt: skip
+    print_summary(table)
     print("\ntarget check (predicted_ttft)")
     for (scenario, load), g in table.groupby(["scenario", "load"], sort=False):
         by = g.set_index("policy")
@@ -162,8 +185,9 @@ def main() -> None:
             what = f"(a) rejects {mine['rejection_rate']:.2%}, p99 {mine['ttft_p99_s']:.2f} vs {free['ttft_p99_s']:.2f}"
         else:
             best = max(by.loc["gpu_seconds", "all_goodput_rps"], by.loc["queue_depth", "all_goodput_rps"])
-            ok = mine["ttft_p99_s"] <= slo and mine["all_goodput_rps"] >= best
-            what = (f"(b) p99 {mine['ttft_p99_s']:.2f} vs SLO {slo:g}, goodput {mine['all_goodput_rps']:.1f} "
+            ok = mine["served_ttft_p99_s"] <= slo and mine["all_goodput_rps"] >= best
+            what = (f"(b) served p99 {mine['served_ttft_p99_s']:.2f} vs SLO {slo:g}, "
+                    f"goodput {mine['all_goodput_rps']:.1f} "
                     f"vs best baseline {best:.1f}")  # fmt: skip
         print(f"{scenario} x{load:g}: {'ok ' if ok else 'MISS'} {what}")
 

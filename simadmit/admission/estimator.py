@@ -9,6 +9,7 @@ tier really produce (it proxies the streamed tokens, so it knows), capped at max
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,28 +67,62 @@ class RatioEwma:
     the factor moves a fraction `alpha` of the way per observation: after n observations the old regime
     weighs (1 - alpha)^n. Until `warmup` observations the factor is 1; it is clamped to [low, high] so one
     odd stretch cannot switch admission off or on entirely.
+
+    With `forget_s`, evidence also ages: a factor `f` last observed or `renew`ed `t` > `forget_s` seconds ago
+    is 1 + (f - 1) x exp(-(t - forget_s) / forget_s), and stays so once renewed. A correction that makes a
+    policy refuse everything gets no new observations; without forgetting it would keep refusing for ever,
+    whatever the pool does meanwhile.
     """
 
-    def __init__(self, alpha: float = 0.05, warmup: int = 20, low: float = 0.25, high: float = 4.0) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.05,
+        warmup: int = 20,
+        low: float = 0.25,
+        high: float = 4.0,
+        forget_s: float | None = None,
+    ) -> None:
         self.alpha = alpha
         self.warmup = warmup
         self.low = low
         self.high = high
+        self.forget_s = forget_s
         self.count: dict[str, int] = {}
         self.predicted: dict[str, float] = {}
         self.actual: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # when each key was last observed
 
-    def observe(self, key: str, predicted: float, actual: float) -> None:
+    def observe(self, key: str, predicted: float, actual: float, now: float = 0.0) -> None:
+        self._age(key, now)
         n = self.count.get(key, 0) + 1
         self.count[key] = n
         a = max(self.alpha, 1.0 / n)  # a plain mean until 1/n falls below alpha: no bias towards zero
         self.predicted[key] = self.predicted.get(key, 0.0) * (1 - a) + predicted * a
         self.actual[key] = self.actual.get(key, 0.0) * (1 - a) + actual * a
 
-    def factor(self, key: str) -> float:
+    def renew(self, key: str, now: float) -> None:
+        """The factor of `key` is in use at `now` (it let something through): it ages no further from here."""
+        self._age(key, now)
+
+    def _age(self, key: str, now: float) -> None:
+        """Fold the ageing since the last observation or renewal into the means, and restart its clock."""
+        if self.forget_s is not None and key in self.last and self.predicted.get(key, 0.0) > 0:
+            ratio = self.actual[key] / self.predicted[key]
+            self.actual[key] = self.predicted[key] * (1.0 + (ratio - 1.0) * self._kept(key, now))
+        self.last[key] = now
+
+    def factor(self, key: str, now: float | None = None) -> float:
         if self.count.get(key, 0) < self.warmup or self.predicted[key] <= 0:
             return 1.0
-        return min(self.high, max(self.low, self.actual[key] / self.predicted[key]))
+        ratio = self.actual[key] / self.predicted[key]
+        if self.forget_s is not None and now is not None:
+            ratio = 1.0 + (ratio - 1.0) * self._kept(key, now)
+        return min(self.high, max(self.low, ratio))
+
+    def _kept(self, key: str, now: float) -> float:
+        """The share of the evidence on `key` still kept at `now`: all of it for `forget_s` seconds."""
+        assert self.forget_s is not None
+        return math.exp(-max(0.0, now - self.last[key] - self.forget_s) / self.forget_s)
 
 
 class CostCorrection:

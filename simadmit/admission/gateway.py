@@ -6,7 +6,8 @@ other gateway replicas' admits stay invisible until the next poll, which is the 
 headroom exists for. For each request it answers 400 when prompt plus `max_tokens` exceed what the model
 serves (as vLLM would), estimates the request's GPU-seconds (charging the output its tier has been seen to
 produce when an `OutputLearner` is given, or correcting it by a `CostCorrection`) and asks the policy. It
-passes the first token and the completion of each request it admitted on to a `StatefulPolicy`.
+passes the first token and the completion (or abort) of each request it admitted on to a
+`StatefulPolicy`.
 
 Shedding of admitted requests whose deadline is lost (`shed_lost_deadlines`) is the gateway's: None leaves
 it to the policy (the predictive policy's own switch; other policies never shed); True sheds for every
@@ -103,7 +104,7 @@ class Gateway:
             ReplicaLoad(
                 r.running, r.waiting, r.prefill_tokens, r.prefill_pairs, r.kv_used, r.kv_capacity, r.max_seqs,
                 r.work_gpu_s, r.prompt_tokens_total, polled_at=r.polled_at,
-                waiting_by_priority=dict(r.waiting_by_priority),
+                waiting_by_priority=dict(r.waiting_by_priority), remaining_steps=r.remaining_steps,
             )
             for r in snapshot.replicas
         ]  # fmt: skip
@@ -174,6 +175,11 @@ class Gateway:
         """The first token of a request admitted at `admitted_s` streamed back at `now`."""
         if isinstance(self.policy, StatefulPolicy):
             self.policy.observe_first_token(request, admitted_s, now)
+
+    def observe_abort(self, request: Request, now: float) -> None:
+        """An admitted request ended without its answer (aborted, shed, its client gone)."""
+        if isinstance(self.policy, StatefulPolicy):
+            self.policy.observe_abort(request, now)
 
     def observe_completion(
         self, request: Request, output_tokens: int, now: float = 0.0, pool: int = 0

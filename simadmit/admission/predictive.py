@@ -11,11 +11,15 @@ fits the tier's TTFT budget (and the request's deadline), and otherwise answers 
 It corrects itself online: the predicted and actual time to first token of what it admitted while a batch
 slot was free feed an EWMA ratio per tier (a mis-calibrated profile, or the other gateways' admits it cannot
 see, heal within tens of requests; waits for a slot are left out, their error being the renewal estimate's,
-not the calibration's), and an EWMA of the output lengths sets the rate at which a full batch frees slots.
+not the calibration's). A sheddable tier's ratio is never below the critical tier's, and a tier's ratio
+relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. An EWMA of the output lengths,
+taken in admission order (`AdmissionOrder`: completions come shortest first), sets the rate at which a full
+batch frees slots and the expected length of an answer.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from simadmit.admission.estimator import RatioEwma
@@ -45,6 +49,9 @@ class StatefulPolicy(AdmissionPolicy):
 
     def observe_completion(self, request: Request, output_tokens: int, now: float) -> None: ...
 
+    def observe_abort(self, request: Request, now: float) -> None:
+        """An admitted request ended without its answer (aborted, shed): it will never complete."""
+
     def lost(self, request: Request, view: PoolView, now: float, started: bool) -> bool:
         """Whether an admitted request (queued, or `started` in a batch) should be shed: its deadline is lost."""
         return False
@@ -53,8 +60,8 @@ class StatefulPolicy(AdmissionPolicy):
 class OutputEwma:
     """EWMA of output tokens per tier (and over all tiers): follows a shift in output lengths.
 
-    The first completions of a run are the short requests (a long one is still decoding), so until `warmup`
-    completions the estimate is never below `prior`: a cold gateway assumes long outputs, slow finishes."""
+    Until `warmup` outputs the estimate is never below `prior`: a cold gateway assumes long outputs, slow
+    finishes. (Fed in finishing order the first outputs would be the short ones: see `AdmissionOrder`.)"""
 
     def __init__(self, alpha: float = 0.02, prior: float = 256.0, warmup: int = 100) -> None:
         self.alpha = alpha
@@ -76,7 +83,45 @@ class OutputEwma:
         return mean if self.count.get(key, 0) >= self.warmup else max(mean, self.prior)
 
     def warm(self, tier: str) -> bool:
+        """Whether `tier`'s mean rests on `warmup` outputs of its own (not the cautious prior)."""
         return self.count.get(tier, 0) >= self.warmup
+
+
+class AdmissionOrder:
+    """Hands completed requests' output lengths on in the order the requests were admitted, not finished.
+
+    Requests finish in order of length as much as of admission: in the first seconds of a run (or after a
+    burst) the completions are the short ones, and once admission stops the last to finish are the long
+    ones. An average over completions in finishing order is biased both ways: too short, a full batch is
+    predicted to free slots too soon and requests wait past their budget; too long, everything is refused
+    and nothing new completes to correct it. Released in admission order, a request's length is known only
+    once every request admitted before it (of its tier) has finished, so the sample is the admitted stream
+    itself, late by the age of the oldest request in flight. A request aborted or never reported is let go
+    after `horizon_s`."""
+
+    def __init__(self, horizon_s: float = 120.0) -> None:
+        self.horizon_s = horizon_s
+        self.order: dict[str, deque[tuple[int, float]]] = {}  # tier -> (id, admitted at), oldest first
+        self.finished: dict[int, int | None] = {}  # finished out of order: id -> output (None: aborted)
+
+    def admitted(self, tier: str, rid: int, now: float) -> None:
+        self.order.setdefault(tier, deque()).append((rid, now))
+
+    def finished_at(self, tier: str, rid: int, output_tokens: int | None, now: float) -> list[int]:
+        """Record a request's end (`output_tokens` None: aborted); the outputs now released, in order."""
+        self.finished[rid] = output_tokens
+        queue = self.order.get(tier)
+        released: list[int] = []
+        while queue:
+            head, at = queue[0]
+            if head in self.finished:
+                out = self.finished.pop(head)
+                if out is not None:
+                    released.append(out)
+            elif now - at <= self.horizon_s:
+                break
+            queue.popleft()
+        return released
 
 
 @dataclass
@@ -111,11 +156,13 @@ class PredictedTtft(StatefulPolicy):
     no_capacity_retry_s: float = 5.0
     shed_lost_deadlines: bool = True
     outputs: OutputEwma = field(default_factory=OutputEwma)
+    forget_s: float = 10.0  # a tier's correction relaxes towards 1 while none of its requests gets in
     ratio: RatioEwma = field(init=False)
     pending: dict[int, tuple[str, float]] = field(default_factory=dict, init=False)
+    order: AdmissionOrder = field(default_factory=AdmissionOrder, init=False)
 
     def __post_init__(self) -> None:
-        self.ratio = RatioEwma(self.alpha, warmup=20, low=0.25, high=4.0)
+        self.ratio = RatioEwma(self.alpha, warmup=20, low=0.25, high=4.0, forget_s=self.forget_s)
 
     def fresh(self) -> PredictedTtft:
         o = self.outputs
@@ -126,6 +173,18 @@ class PredictedTtft(StatefulPolicy):
     def critical(self) -> str | None:
         """The tier with the tightest TTFT budget: the one every other tier must leave room for."""
         return min(self.budgets_s, key=self.budgets_s.__getitem__) if self.budgets_s else None
+
+    def factor(self, tier: str, now: float) -> float:
+        """The learned actual/predicted TTFT ratio of `tier`; a sheddable tier's never below the critical
+        tier's, since both wait in the same FCFS queue: otherwise a critical tier whose predictions ran short
+        would be refused while sheddable traffic, trusting its own correction, filled the queue."""
+        if not self.correct:
+            return 1.0
+        f = self.ratio.factor(tier, now)
+        critical = self.critical()
+        if critical is not None and critical != tier:
+            f = max(f, self.ratio.factor(critical, now))
+        return f
 
     def budget(self, request: Request, now: float) -> float:
         """Seconds from now the first token may take: the tier's budget less the time already spent since the
@@ -148,7 +207,7 @@ class PredictedTtft(StatefulPolicy):
         assert view.engine is not None, "the gateway gives predictive policies the pool's engine model"
         load = view.replicas[least_work(view.replicas)]
         raw = view.engine.ttft(load, request.prompt_tokens, self.outputs.expected(), request.tier)
-        factor = self.ratio.factor(request.tier) if self.correct else 1.0
+        factor = self.factor(request.tier, now)
         wait = raw * factor
         budget = self.budget(request, now) * self.margin
         if wait > budget:
@@ -156,19 +215,14 @@ class PredictedTtft(StatefulPolicy):
         step = view.engine.decode_step(load, request.prompt_tokens) * factor  # the same step model, corrected
         checks = []  # (output tokens, seconds left for the answer)
         e2e = self.e2e_budgets_s.get(request.tier)
-        if e2e is not None and self.outputs.warm(request.tier):
+        if e2e is not None:
             output = min(float(request.max_tokens), self.outputs.expected(request.tier))
             checks.append((output, e2e - (now - request.arrival_s)))
-        if request.deadline_s is not None and self.outputs.warm(request.tier):  # the answer, by the deadline
+        if request.deadline_s is not None:  # the answer, by the deadline
             output = min(float(request.max_tokens), self.outputs.expected(request.tier))
             checks.append((output, request.deadline_s - now))
         critical = self.critical()
-        if (
-            critical is not None
-            and critical != request.tier
-            and critical in self.e2e_budgets_s
-            and self.outputs.warm(critical)
-        ):
+        if critical is not None and critical != request.tier and critical in self.e2e_budgets_s:
             # sheddable: only while a critical request arriving now would still finish with room to spare
             output = self.outputs.expected(critical)
             checks.append((output, self.e2e_budgets_s[critical] * self.sheddable_fraction))
@@ -180,6 +234,8 @@ class PredictedTtft(StatefulPolicy):
                 )
         if load.running + load.waiting < load.max_seqs:  # the correction learns where the model is exact
             self.pending[request.id] = (request.tier, raw)
+        self.order.admitted(request.tier, request.id, now)
+        self.ratio.renew(request.tier, now)  # only a tier that gets nothing in lets its correction relax
         return ADMIT._replace(predicted_wait_s=wait)
 
     def lost(self, request: Request, view: PoolView, now: float, started: bool) -> bool:
@@ -202,11 +258,17 @@ class PredictedTtft(StatefulPolicy):
     def observe_first_token(self, request: Request, admitted_s: float, now: float) -> None:
         seen = self.pending.pop(request.id, None)
         if seen is not None:
-            self.ratio.observe(seen[0], seen[1], now - admitted_s)
+            self.ratio.observe(seen[0], seen[1], now - admitted_s, now)
 
     def observe_completion(self, request: Request, output_tokens: int, now: float) -> None:
         self.pending.pop(request.id, None)
-        self.outputs.observe(request.tier, output_tokens)
+        for out in self.order.finished_at(request.tier, request.id, output_tokens, now):
+            self.outputs.observe(request.tier, out)
+
+    def observe_abort(self, request: Request, now: float) -> None:
+        self.pending.pop(request.id, None)
+        for out in self.order.finished_at(request.tier, request.id, None, now):
+            self.outputs.observe(request.tier, out)
 
 
 @dataclass(frozen=True, slots=True)

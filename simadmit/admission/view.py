@@ -31,6 +31,9 @@ class ReplicaLoad:
     polled_at: float = 0.0  # when these metrics were read
     # under priority scheduling: priority -> (requests waiting, their prompt tokens, their prefill pairs)
     waiting_by_priority: dict[int, tuple[int, int, float]] = field(default_factory=dict)
+    # decode steps each sequence in the batch still has to run, shortest first, when the gateway knows the
+    # true output lengths (a study's oracle); empty when it does not (a real gateway: only their mean)
+    remaining_steps: tuple[int, ...] = ()
 
     @property
     def kv_used_fraction(self) -> float:
@@ -92,8 +95,9 @@ class EngineModel:
     `ttft` simulates a replica forward in closed form: the prompt tokens ahead of a new request (FCFS) and
     its own are prefilled in chunks of what the decoding batch leaves of the token budget, each step lasting
     the step model's time; if no batch slot or not enough KV cache is free, it first waits for finishes,
-    which a full batch of `d` sequences of mean output `m` produces at `d / m` per step (renewal rate),
-    each step slowed by the prefill chunks it carries (`decode_step`).
+    which a full batch of `d` sequences of mean output `m` produces at `d / m` per step (renewal rate), or,
+    when the load carries the running sequences' remaining steps, after the k-th shortest of them; each step
+    slowed by the prefill chunks it carries (`decode_step`).
     """
 
     step: StepTimeModel
@@ -149,9 +153,15 @@ class EngineModel:
         tokens += chunk
         if not decoding:
             return t
-        # steps until a slot frees: finishes come at decoding / mean_output per step (renewal rate)
+        # steps until a slot frees: finishes come at decoding / mean_output per step (renewal rate), or,
+        # when the running sequences' remaining lengths are known, with the k-th shortest of them (no later:
+        # sequences joining meanwhile can only bring a finish forward)
         finishes = load.running + load.waiting + 1 - load.max_seqs if load.max_seqs else 0
         wait_steps = max(0.0, finishes * mean_output / decoding)
+        known = load.remaining_steps
+        if finishes > 0 and known:
+            k = min(finishes, len(known))
+            wait_steps = known[k - 1] + (finishes - k) * mean_output / decoding
         kv_short = load.kv_used + tokens - load.kv_capacity if load.kv_capacity else 0
         if kv_short > 0:  # KV frees at kv_used / mean_output per step, while decoders grow it by one each
             freed = load.kv_used / mean_output - decoding

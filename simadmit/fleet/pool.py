@@ -210,8 +210,10 @@ class Pool(EngineListener):
 
     # --- gateway side ------------------------------------------------------------------------------
 
-    def snapshot(self) -> PoolSnapshot:
-        """The pool's books as its replicas' metrics endpoints would publish them now."""
+    def snapshot(self, known_outputs: bool = False) -> PoolSnapshot:
+        """The pool's books as its replicas' metrics endpoints would publish them now; with `known_outputs`
+        also each batch's remaining decode steps per sequence, as a gateway that knew every request's true
+        output length (a study's oracle) would count them from the tokens it streamed."""
         free = 0
         kv_used = kv_cap = 0
         now = self.env.now
@@ -228,6 +230,7 @@ class Pool(EngineListener):
                     engine.n_running, engine.n_waiting, self.prefill_tokens[i] - computed, self.prefill_pairs[i],
                     engine.kv_used, engine.kv_cap, engine.max_seqs, self.work[i], self.prompt_tokens_total[i],
                     polled_at=now, waiting_by_priority=dict(self.waiting_by_priority[i]),
+                    remaining_steps=remaining_steps(engine) if known_outputs else (),
                 )
             )  # fmt: skip
         return PoolSnapshot(
@@ -395,3 +398,13 @@ class Pool(EngineListener):
 
     def on_preempt(self, rid: int) -> None:
         self.listener.on_preempt(rid)
+
+
+def remaining_steps(engine: BatchingEngine | ClassicalServer) -> tuple[int, ...]:
+    """Decode steps each sequence in a batching engine's batch has still to run, shortest first."""
+    if not isinstance(engine, BatchingEngine):
+        return ()
+    clock = engine.clock
+    left = [seq.finish_clock - clock for seq in engine.decoders]
+    left += [seq.target - seq.generated for seq in engine.prefilling]
+    return tuple(sorted(left))

@@ -317,7 +317,9 @@ class GatewayServer:
         elif exchange.failure is not None:
             self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
         if exchange.completed and exchange.output_tokens is not None:
-            self.gateway.observe_completion(req, exchange.output_tokens)
+            self.gateway.observe_completion(req, exchange.output_tokens, self.now())
+        else:  # a learning policy stops waiting for its length
+            self.gateway.observe_abort(req, self.now())
 
     # --- the gateway's own endpoints --------------------------------------------------------------------
 

@@ -218,7 +218,7 @@ class Simulation(RequestListener):
         gateway = self.gateways[g]
         p = self.pool_of_tier[self.tier[rid]]
         if self.live:
-            gateway.refresh(p, self.pools[p].snapshot())
+            gateway.refresh(p, self.pools[p].snapshot(self.oracle))
         request = self.requests[rid]
         decision, est = gateway.decide(request, p, now, self.output[rid] if self.oracle else None)
         led.att_rid.append(rid)
@@ -287,6 +287,7 @@ class Simulation(RequestListener):
         led = self.ledger
         led.finish[rid] = now
         led.outcome[rid] = ABORTED
+        self.gateways[0].observe_abort(self.requests[rid], now)
         self._done(rid)
 
     def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None:
@@ -349,7 +350,7 @@ class Simulation(RequestListener):
     def _poll(self, gw: int) -> None:
         gateway = self.gateways[gw]
         for p, pool in enumerate(self.pools):
-            gateway.refresh(p, pool.snapshot())
+            gateway.refresh(p, pool.snapshot(self.oracle))
 
     def _poll_loop(self, gw: int) -> None:
         self._poll(gw)

@@ -132,6 +132,33 @@ def capacity(url: str, profile: Path, work: Path, requests: int = 60) -> float:
     return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
 
 
+PROBE = (512, 16)  # prompt and output tokens of the speed probe: a prefill-heavy and a decode part
+
+
+def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> float:
+    """How slow the server is now against its profile: the median, over `times` lone requests of PROBE's
+    size sent one after another to the idle server, of measured E2E / the profile's solo service time.
+    Taken after calibrating and before every point, it shows the machine's speed drifting between the two
+    (other jobs on a shared machine, CPU frequency): a simulation can only be as right as this ratio is
+    steady."""
+    from simadmit.config.profile import load_profile, solo_service_s
+
+    prof = load_profile(profile)
+    predicted = solo_service_s(prof.step_time, prof.engine.max_num_batched_tokens, *PROBE)
+    doc = scenario(profile, 1.0, "poisson", 1.0)
+    tier = doc["workload"]["tiers"][0] | {"max_tokens": PROBE[1], "prompt_tokens": {"kind": "fixed", "value": PROBE[0]},
+                                         "output_tokens": {"kind": "fixed", "value": PROBE[1]}}  # fmt: skip
+    doc["workload"] |= {"duration_s": None, "requests": 1, "tiers": [tier]}
+    plan = make_plan(scenario_from_dict(doc, work / "probe.yaml"), work)
+    ratios = []
+    for _ in range(times):
+        run = replay(plan, ReplayConfig(url), random.Random())
+        done = [a.result for a in run.attempts if a.result.status == "ok"]
+        ratios.extend((r.finish - r.sent) / predicted for r in done)
+        time.sleep(0.5)
+    return float(sorted(ratios)[len(ratios) // 2]) if ratios else float("nan")
+
+
 def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,
               seed: int) -> pd.DataFrame:  # fmt: skip
     """Replay `repeats` times, simulate what the first repeat sent, compare; returns the compare table."""
@@ -160,10 +187,12 @@ def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: fl
     return table
 
 
-def row(arrival: str, load: float, rate: float, table: pd.DataFrame, requests: int) -> dict[str, object]:
+def row(
+    arrival: str, load: float, rate: float, table: pd.DataFrame, requests: int, speed: float
+) -> dict[str, object]:
     t = table[table["tier"] == "all"].set_index("measure")
     cells: dict[str, object] = {"arrivals": arrival, "load": f"{load:.0%}", "req/s": f"{rate:.2f}",
-                                "requests": requests}  # fmt: skip
+                                "requests": requests, "probe": f"{speed:.2f}"}  # fmt: skip
     for m in KEY:
         r = t.loc[m]
         cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
@@ -197,20 +226,24 @@ def main() -> None:
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
         cap = args.capacity or capacity(url, profile, args.out)
         print(f"capacity: {cap:.2f} requests/s", flush=True)
+        reference = speed_probe(url, profile, args.out)
+        print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
         rows = []
         for arrival in args.arrivals.split(","):
             for load in (float(x) for x in args.loads.split(",")):
                 rate = load * cap
-                print(f"{arrival} at {load:.0%} ({rate:.2f} req/s)", flush=True)
+                speed = speed_probe(url, profile, args.out) / reference
+                print(f"{arrival} at {load:.0%} ({rate:.2f} req/s), speed probe {speed:.2f}", flush=True)
                 where = args.out / f"{arrival}-{load:g}"
                 table = run_point(url, profile, rate, arrival, args.duration, args.repeats, where, args.seed)
                 n = len(pd.read_parquet(where / "sim" / "requests.parquet"))
-                rows.append(row(arrival, load, n / args.duration, table, n))
+                rows.append(row(arrival, load, n / args.duration, table, n, speed))
     load_after = os.getloadavg()
     results = pd.DataFrame(rows)
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "
-              f"repeats of {args.duration:.0f} s; cells: sim / real mean (real range) error")  # fmt: skip
+              f"repeats of {args.duration:.0f} s; probe: a lone request's time before the point over its time "
+              f"after calibrating; cells: sim / real mean (real range) error")  # fmt: skip
     text = header + "\n\n" + markdown(results) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")

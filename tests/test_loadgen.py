@@ -216,3 +216,18 @@ def test_stream_lines_split_on_newline_bytes_only() -> None:
     text = '{"choices": [{"text": "a\u2028b"}]}'.encode()
     payloads, rest = sse_payloads(b"data: " + text + b'\n\n: keep-alive\ndata: [DONE]\ndata: {"us')
     assert payloads == [text, b"[DONE]"] and rest == b'data: {"us'
+
+
+def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
+    """With two endpoints (gateway replicas behind a round-robin balancer) the attempts alternate between
+    them, and the table's `gateway` column says which one took each."""
+    spec = scenario_from_dict(scenario_doc(20), tmp_path / "s.yaml")
+    with fake_server() as a, fake_server() as b:
+        cfg = ReplayConfig(a.url, more_endpoints=(b.url,))
+        run = replay(make_plan(spec, tmp_path), cfg, random.Random(4))
+        served = (a.completions, b.completions)
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    assert served == (10, 10)
+    assert sorted(req["gateway"].value_counts().to_dict().items()) == [(0, 10), (1, 10)]
+    assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()

@@ -52,8 +52,12 @@ def replay_command(
     seed: Annotated[int | None, typer.Option(help="workload seed (default: the scenario's)")] = None,
     label: Annotated[str, typer.Option(help="the policy column of the tables")] = "real",
     timeout: Annotated[float, typer.Option(min=1, help="seconds one attempt may take")] = 600.0,
-    metrics_endpoint: Annotated[
-        str | None, typer.Option(help="poll this server's /metrics (default: the first endpoint)")
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="the vLLM server behind the endpoints (gateways): its /metrics is polled and its /tokenize "
+            "gives the prompts' token ids (default: the first endpoint)"
+        ),
     ] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
 ) -> None:
@@ -79,7 +83,7 @@ def replay_command(
         model=model,
         timeout_s=timeout,
         more_endpoints=tuple(endpoint[1:]),
-        metrics_endpoint=metrics_endpoint,
+        server=server,
     )
     console.print(
         f"{len(plan.workload)} requests over {plan.scheduled_s[-1]:.0f} s, {repeat} run(s) -> {out}/"

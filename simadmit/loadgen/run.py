@@ -5,7 +5,8 @@ One asyncio loop does everything: a dispatcher sleeps until the next scheduled t
 attempts go to them in turn, as a round-robin load balancer would send them), each request retries after a 429 as the scenario's
 `Client` says (backoff, jitter, Retry-After, retry budget, deadline), and a poller reads `/metrics`. The run
 keeps how late each attempt left against its schedule and what the client itself cost (CPU share, event-loop
-lag), because a load generator that falls behind measures itself, not the server.
+lag), because a load generator that falls behind measures itself, not the server. In front of gateways,
+which serve neither `/metrics` of vLLM's kind nor `/tokenize`, the server behind them supplies both.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import itertools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import numpy as np
@@ -37,7 +38,7 @@ class ReplayConfig:
     lead_s: float = 0.5  # time zero is this long after the bodies are ready
     metrics_interval_s: float = 1.0
     more_endpoints: tuple[str, ...] = ()  # attempts go round-robin over `endpoint` and these
-    metrics_endpoint: str | None = None  # whose /metrics to poll (default: `endpoint`)
+    server: str | None = None  # the vLLM server behind the endpoints (gateways): /metrics and /tokenize
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,11 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http, httpx.AsyncClient() as side:
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
-        bodies = request_bodies(plan, endpoint.model, await tokenize(side, endpoint, SAMPLE_TEXT), rng)
+        behind = replace(endpoint, base_url=normalize_base_url(cfg.server)) if cfg.server else endpoint
+        ids = await tokenize(side, endpoint, SAMPLE_TEXT)
+        if ids is None and behind is not endpoint:
+            ids = await tokenize(side, behind, SAMPLE_TEXT)
+        bodies = request_bodies(plan, endpoint.model, ids, rng)
         urls = [f"{normalize_base_url(e)}/v1/completions" for e in (cfg.endpoint, *cfg.more_endpoints)]
         turn = itertools.count()
         client = Client(plan.clients, np.random.default_rng([plan.seed, 3]).random)
@@ -105,8 +110,7 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
                 await asyncio.sleep(max(0.0, planned - loop.time()))
             client.forget(rid)
 
-        polled = normalize_base_url(cfg.metrics_endpoint) if cfg.metrics_endpoint else endpoint.base_url
-        poller = MetricsPoller(side, polled, t0, cfg.metrics_interval_s)
+        poller = MetricsPoller(side, behind.base_url, t0, cfg.metrics_interval_s)
         monitor = OverheadMonitor()
         monitor.start()
         polling = asyncio.create_task(poller.run())

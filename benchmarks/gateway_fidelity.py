@@ -62,7 +62,7 @@ from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.results.compare import compare, load_runs  # noqa: E402
 from simadmit.results.run_folder import write_folder  # noqa: E402
-from simadmit.serve.backends import ESTIMATE_SMOOTHING  # noqa: E402
+from simadmit.serve.backends import LivePool  # noqa: E402
 from simadmit.sim.world import build_world  # noqa: E402
 from simadmit.study.runner import run_study  # noqa: E402
 
@@ -78,7 +78,9 @@ POLICIES = {
 }  # fmt: skip
 
 
-def scenario(profile: Path, rate: float, duration_s: float, policy: str, gateways: int, seed: int = 11) -> dict:
+def scenario(
+    profile: Path, rate: float, duration_s: float, policy: str, gateways: int, seed: int = 11
+) -> dict:
     return {
         "name": f"gateway-fidelity-{policy}-g{gateways}",
         "workload": {
@@ -123,7 +125,10 @@ def free_port() -> int:
 @contextlib.contextmanager
 def gateways(scenario_file: Path, backend: str, policy: str, n: int, logs: Path) -> Iterator[list[str]]:
     """`n` `simadmit gateway` processes in front of `backend`, each with its own view; stopped at the end."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     procs, urls = [], []
     logs.mkdir(parents=True, exist_ok=True)
     for k in range(n):
@@ -179,16 +184,16 @@ def peak(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
 
 
 def price_of_others(req: pd.DataFrame, estimator, prior: float) -> float:  # type: ignore[no-untyped-def]
-    """Mean, over admissions, of (a gateway's price for one request of another gateway: its moving mean of
-    the estimates it charged, as `serve.backends.LivePool` keeps it) / (the actual mean estimate)."""
+    """Mean, over admissions, of (the price a gateway puts on one request of another gateway: the mean of
+    the estimates it charged, kept by `serve.backends.LivePool`) / (the actual mean estimate)."""
     a = req[req["decision"] == "admit"].sort_values("attempt_s")
     w = estimator.estimate_many(a["prompt_tokens"].to_numpy(), a["max_tokens"].to_numpy())
+    books: dict[int, LivePool] = {}
     ratios = []
-    means: dict[int, float] = {}
     for g, est in zip(a["gateway"].tolist(), w.tolist(), strict=True):
-        mean = means.get(g, prior)
-        ratios.append(mean / float(np.mean(w)))
-        means[g] = mean + ESTIMATE_SMOOTHING * (est - mean)
+        pool = books.setdefault(g, LivePool("p", ["http://b"], 1, 1, prior, "unavailable"))
+        ratios.append(pool.mean_estimate / float(np.mean(w)))
+        pool.charge(pool.backends[0], "chat", est)
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
@@ -209,7 +214,9 @@ def real_budget(folder: Path, estimator, prior: float) -> Budget:  # type: ignor
     s, e, w = admitted_intervals(req, estimator, "attempt_s")
     truth = level_at(s, s, e, w)  # at each admission, itself included
     a = req[req["decision"] == "admit"]
-    view = a["predicted_wait_s"].to_numpy(dtype=float)  # one GPU: in-flight GPU-s of the view, itself included
+    view = a["predicted_wait_s"].to_numpy(
+        dtype=float
+    )  # one GPU: in-flight GPU-s of the view, itself included
     gap = truth - view
     gw = a["gateway"].to_numpy()
     over = truth > BUDGET_LINE
@@ -264,7 +271,9 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
               f"{facts['kept_up']}; {budgets[-1]}", flush=True)  # fmt: skip
     sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
     result = run_study(sim_spec, sim_base)
-    write_folder(out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False})
+    write_folder(
+        out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
+    )
     real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
     sim = load_runs(out / "sim", None)
     table = compare(sim, real, 0.0)

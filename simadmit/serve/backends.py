@@ -23,7 +23,9 @@ from simadmit.admission.gateway import PoolSnapshot
 from simadmit.calibrate.metrics import EngineGauges
 from simadmit.serve.discovery import is_discovered
 
-# how fast the mean charged estimate follows new admits: about the last 50 requests
+# how fast the mean charged estimate follows new admits: about the last 50 requests. Until 50 are charged it
+# is their plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
+# other gateways' requests low for minutes
 ESTIMATE_SMOOTHING = 0.02
 
 
@@ -62,6 +64,7 @@ class LivePool:
         self.gpus_per_replica = gpus_per_replica
         self.max_num_seqs = max_num_seqs
         self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds charged per admit
+        self.charges = 0
         self.keep_stale = on_stale == "last_known"
         self.own_by_tier: dict[str, float] = {}
         self.admits_by_tier: dict[str, int] = {}
@@ -163,7 +166,8 @@ class LivePool:
         backend.own_gpu_s += gpu_s
         self.own_by_tier[tier] = self.own_by_tier.get(tier, 0.0) + gpu_s
         self.admits_by_tier[tier] = self.admits_by_tier.get(tier, 0) + 1
-        self.mean_estimate += ESTIMATE_SMOOTHING * (gpu_s - self.mean_estimate)
+        self.charges += 1  # a plain mean of the first charges (the prior counts until the first), then moving
+        self.mean_estimate += max(ESTIMATE_SMOOTHING, 1 / self.charges) * (gpu_s - self.mean_estimate)
         self.peak_own_gpu_s = max(self.peak_own_gpu_s, self.own_gpu_s)
 
     def release(self, backend: Backend, tier: str, gpu_s: float) -> None:

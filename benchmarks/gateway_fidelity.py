@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import calibrate, cpu_model, markdown, start_server  # noqa: E402
+from simadmit.admission.estimator import CostEstimator  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.loadgen.plan import make_plan  # noqa: E402
@@ -170,7 +171,9 @@ def level_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, work: np.n
     return np.asarray(opened @ work, dtype=float)
 
 
-def admitted_intervals(req: pd.DataFrame, estimator, start: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+def admitted_intervals(
+    req: pd.DataFrame, estimator: CostEstimator, start: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, estimate) of every admitted attempt; an attempt that never finished ends when answered."""
     a = req[req["decision"] == "admit"]
     s = a[start].to_numpy(dtype=float)
@@ -183,7 +186,7 @@ def peak(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
     return float(level_at(starts, starts, ends, work).max()) if len(starts) else 0.0
 
 
-def price_of_others(req: pd.DataFrame, estimator, prior: float) -> float:  # type: ignore[no-untyped-def]
+def price_of_others(req: pd.DataFrame, estimator: CostEstimator, prior: float) -> float:
     """Mean, over admissions, of (the price a gateway puts on one request of another gateway: the mean of
     the estimates it charged, kept by `serve.backends.LivePool`) / (the actual mean estimate)."""
     a = req[req["decision"] == "admit"].sort_values("attempt_s")
@@ -207,9 +210,10 @@ class Budget:
     stale_at_peak: float  # other gateways' admits in the poll interval before those admissions (mean)
     vllm_count_gap: float  # admitted-and-unfinished requests - vLLM's running + waiting, mean over polls
     price_ratio: float  # price of another gateway's request / its actual mean estimate (NaN: one gateway)
+    largest_estimate: float  # the largest estimate admitted
 
 
-def real_budget(folder: Path, estimator, prior: float) -> Budget:  # type: ignore[no-untyped-def]
+def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
     req = pd.read_parquet(folder / "requests.parquet")
     s, e, w = admitted_intervals(req, estimator, "attempt_s")
     truth = level_at(s, s, e, w)  # at each admission, itself included
@@ -236,10 +240,11 @@ def real_budget(folder: Path, estimator, prior: float) -> Budget:  # type: ignor
         float(stale.mean()) if len(stale) else 0.0,
         float(np.mean(counted[busy] - engine[busy])) if busy.any() else float("nan"),
         price_of_others(req, estimator, prior) if several else float("nan"),
+        float(w.max()) if len(w) else 0.0,
     )
 
 
-def sim_peak(folder: Path, estimator) -> float:  # type: ignore[no-untyped-def]
+def sim_peak(folder: Path, estimator: CostEstimator) -> float:
     req = pd.read_parquet(folder / "requests.parquet")
     return peak(*admitted_intervals(req, estimator, "admit_s"))
 
@@ -247,8 +252,16 @@ def sim_peak(folder: Path, estimator) -> float:  # type: ignore[no-untyped-def]
 # --- one point ----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Point:
+    table: pd.DataFrame  # `compare`'s
+    budgets: list[Budget]  # per real repeat
+    sim_peak: float
+    requests: int
+
+
 def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
-              repeats: int, out: Path) -> dict[str, object]:  # fmt: skip
+              repeats: int, out: Path) -> Point:  # fmt: skip
     """Replay `repeats` times through fresh gateways, simulate what the first repeat sent, compare."""
     path = write_scenario(scenario(profile, rate, duration_s, policy, n_gateways), out / "scenario.yaml")
     spec, base = load_scenario(path)
@@ -278,8 +291,7 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
     sim = load_runs(out / "sim", None)
     table = compare(sim, real, 0.0)
     table.to_csv(out / "compare.csv", index=False)
-    return {"table": table, "budgets": budgets, "sim_peak": sim_peak(out / "sim", estimator),
-            "requests": len(plan.workload)}  # fmt: skip
+    return Point(table, budgets, sim_peak(out / "sim", estimator), len(plan.workload))
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -290,15 +302,16 @@ def spread(values: list[float], fmt: str) -> str:
     return mean if len(v) == 1 else f"{mean} ({fmt.format(min(v))}-{fmt.format(max(v))})"
 
 
-def row(policy: str, n: int, load: float, point: dict) -> dict[str, object]:
-    t = point["table"]
+def row(policy: str, n: int, load: float, point: Point) -> dict[str, object]:
+    t = point.table
     t = t[t["tier"] == "all"].set_index("measure")
-    rej = t.loc["rejection_rate"]
-    real_rej = [float(rej["real_min"]), float(rej["real_max"])]
+    keys = ["sim", "real_mean", "real_min", "real_max"]
+    rej = dict(zip(keys, t.loc["rejection_rate", keys].to_numpy(dtype=float).tolist(), strict=True))
+    real_rej = [rej["real_min"], rej["real_max"]]
     gap = 100 * (rej["sim"] - rej["real_mean"])
     inside = real_rej[0] <= rej["sim"] <= real_rej[1]
     cells: dict[str, object] = {
-        "policy": policy, "gateways": n, "load": f"{load:.0%}", "requests": point["requests"],
+        "policy": policy, "gateways": n, "load": f"{load:.0%}", "requests": point.requests,
         "rejected": f"{100 * rej['sim']:.1f}% / {100 * rej['real_mean']:.1f}% ({100 * real_rej[0]:.1f}-"
                     f"{100 * real_rej[1]:.1f}) {gap:+.1f} pt {'ok' if abs(gap) <= 2 or inside else 'FAIL'}",
     }  # fmt: skip
@@ -306,10 +319,11 @@ def row(policy: str, n: int, load: float, point: dict) -> dict[str, object]:
         r = t.loc[m]
         cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
                     f"{100 * r['error']:+.0f}% {'ok' if str(r['verdict']).startswith('pass') else 'FAIL'}")  # fmt: skip
-    b = point["budgets"]
-    cells["peak GPU-s sim / real"] = f"{point['sim_peak']:.1f} / " + spread([x.peak for x in b], "{:.1f}")
-    cells["view gap at overshoot"] = spread([x.view_gap_at_peak for x in b], "{:.1f}")
-    cells["of it stale"] = spread([x.stale_at_peak for x in b], "{:.1f}")
+    b = point.budgets
+    cells["peak GPU-s sim / real"] = f"{point.sim_peak:.1f} / " + spread([x.peak for x in b], "{:.1f}")
+    cells["view gap mean"] = spread([x.view_gap_mean for x in b], "{:.2f}")
+    cells["view gap over the line"] = spread([x.view_gap_at_peak for x in b], "{:.2f}")
+    cells["of it stale"] = spread([x.stale_at_peak for x in b], "{:.2f}")
     cells["vLLM count gap"] = spread([x.vllm_count_gap for x in b], "{:.2f}")
     cells["price of others"] = spread([x.price_ratio for x in b], "{:.2f}")
     return cells

@@ -221,12 +221,12 @@ def test_stream_lines_split_on_newline_bytes_only() -> None:
 def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
     """With two endpoints (gateway replicas behind a round-robin balancer) the attempts alternate between
     them, and the table's `gateway` column says which one took each."""
-    spec = scenario_from_dict(scenario_doc(20), tmp_path / "s.yaml")
+    scenario = write_scenario(tmp_path, scenario_doc(20))
     with fake_server() as a, fake_server() as b:
-        cfg = ReplayConfig(a.url, more_endpoints=(b.url,))
-        run = replay(make_plan(spec, tmp_path), cfg, random.Random(4))
+        args = ["replay", str(scenario), "--endpoint", a.url, "--endpoint", b.url, "--server", b.url]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
         served = (a.completions, b.completions)
-    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    assert result.exit_code == 0, result.output
     req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
     assert served == (10, 10)
     assert sorted(req["gateway"].value_counts().to_dict().items()) == [(0, 10), (1, 10)]

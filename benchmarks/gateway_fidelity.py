@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -360,9 +361,16 @@ def main() -> None:
                 for load in (float(x) for x in args.loads.split(",")):
                     print(f"{policy}, {n} gateway(s), {load:.0%} ({load * cap:.2f} req/s)", flush=True)
                     where = args.out / f"{policy}-g{n}-{load:g}"
-                    point = run_point(url, profile, policy, n, load * cap, args.duration, args.repeats, where)
+                    try:
+                        point = run_point(
+                            url, profile, policy, n, load * cap, args.duration, args.repeats, where
+                        )
+                    except Exception:  # noqa: BLE001 - one failed point must not lose the others
+                        traceback.print_exc()
+                        continue
                     rows.append(row(policy, n, load, point))
                     print(rows[-1], flush=True)
+                    (args.out / "results-so-far.md").write_text(markdown(pd.DataFrame(rows)) + "\n")
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "

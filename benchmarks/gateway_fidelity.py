@@ -209,6 +209,7 @@ class Budget:
     view_gap_mean: float  # truth - view at admissions, mean
     view_gap_at_peak: float  # truth - view at the admissions where the truth passed the line (mean; 0: none)
     stale_at_peak: float  # other gateways' admits in the poll interval before those admissions (mean)
+    uncounted_at_peak: float  # others' requests in flight at the last poll that vLLM's count left out (mean)
     vllm_count_gap: float  # admitted-and-unfinished requests - vLLM's running + waiting, mean over polls
     price_ratio: float  # price of another gateway's request / its actual mean estimate (NaN: one gateway)
     largest_estimate: float  # the largest estimate admitted
@@ -234,11 +235,21 @@ def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
     engine = (series["running"] + series["queued"]).to_numpy(dtype=float)
     busy = counted > 0
     several = a["gateway"].nunique() > 1
+    uncounted = []  # what a view built at the poll before each over-the-line admission missed of the others
+    for at, g in zip(s[over], gw[over], strict=True):
+        k = np.searchsorted(t, at) - 1
+        if k < 0 or not several:
+            continue
+        mine = gw == g
+        own = level_at(t[k : k + 1], s[mine], e[mine], np.ones(mine.sum()))[0]
+        others = level_at(t[k : k + 1], s[~mine], e[~mine], np.ones((~mine).sum()))[0]
+        uncounted.append((others - max(0.0, engine[k] - own)) * float(w.mean()))
     return Budget(
         float(truth.max()) if len(truth) else 0.0,
         float(np.nanmean(gap)) if len(gap) else float("nan"),
         float(np.nanmean(gap[over])) if over.any() else 0.0,
         float(stale.mean()) if len(stale) else 0.0,
+        float(np.mean(uncounted)) if uncounted else float("nan"),
         float(np.mean(counted[busy] - engine[busy])) if busy.any() else float("nan"),
         price_of_others(req, estimator, prior) if several else float("nan"),
         float(w.max()) if len(w) else 0.0,
@@ -290,9 +301,33 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
     )
     real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
     sim = load_runs(out / "sim", None)
-    table = compare(sim, real, 0.0)
-    table.to_csv(out / "compare.csv", index=False)
-    return Point(table, budgets, sim_peak(out / "sim", estimator), len(plan.workload))
+    compare(sim, real, 0.0).to_csv(out / "compare.csv", index=False)
+    return load_point(out)
+
+
+def load_point(out: Path) -> Point:
+    """A point's figures from its folder (`compare.csv`, the real repeats, the simulation)."""
+    spec, base = load_scenario(out / "scenario.yaml")
+    estimator = build_world(spec, base).pools[0].estimator
+    prior = estimator.estimate(0, OUTPUT)
+    repeats = sorted((out / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1]))
+    budgets = [real_budget(d, estimator, prior) for d in repeats]
+    table = pd.read_csv(out / "compare.csv")
+    return Point(table, budgets, sim_peak(out / "sim", estimator), len(make_plan(spec, base).workload))
+
+
+def tabulate(out: Path) -> str:
+    """The table again from an earlier run's folders (the measures recomputed, no server needed)."""
+    rows = []
+    for where in sorted(
+        out.glob("*-g*-*"),
+        key=lambda d: (d.name.rsplit("-g", 1)[0], *map(float, d.name.rsplit("-g", 1)[1].split("-"))),
+    ):
+        policy, rest = where.name.rsplit("-g", 1)
+        n, load = rest.split("-", 1)
+        rows.append(row(policy, int(n), float(load), load_point(where)))
+    header = (out / "results.md").read_text().splitlines()[0] if (out / "results.md").exists() else ""
+    return header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -325,6 +360,7 @@ def row(policy: str, n: int, load: float, point: Point) -> dict[str, object]:
     cells["view gap mean"] = spread([x.view_gap_mean for x in b], "{:.2f}")
     cells["view gap over the line"] = spread([x.view_gap_at_peak for x in b], "{:.2f}")
     cells["of it stale"] = spread([x.stale_at_peak for x in b], "{:.2f}")
+    cells["of it uncounted by vLLM"] = spread([x.uncounted_at_peak for x in b], "{:.2f}")
     cells["vLLM count gap"] = spread([x.vllm_count_gap for x in b], "{:.2f}")
     cells["price of others"] = spread([x.price_ratio for x in b], "{:.2f}")
     return cells
@@ -342,7 +378,11 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--calibrate-budget", default="90s")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
+    ap.add_argument("--tabulate", action="store_true", help="print the table of the runs already in --out")
     args = ap.parse_args()
+    if args.tabulate:
+        print(tabulate(args.out))
+        return
     if (args.out / "results.md").exists():
         sys.exit(f"{args.out} already holds results; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,145 +1,121 @@
-"""Fidelity of the admission layer: the same scenario through `simadmit simulate` and through two live
-gateways in front of a real vLLM CPU server, side by side.
+"""Fidelity of the admission layer: `simadmit replay` through live `simadmit gateway` processes in front of a
+real vLLM CPU server, against `simadmit simulate` of the very requests sent, with the same gateways.
 
 One tier (prompts lognormal around 128 tokens, sent as random token ids so nothing hits the prefix cache;
-64 output tokens with `ignore_eos`, so the truth equals max_tokens and both sides charge the same work),
-the calibrated SmolLM2 CPU profile, GPU-seconds admission, two gateway replicas polling every 200 ms,
-clients that do not retry (so the rejection rate is the attempts refused). Load is relative to the
-profile's capacity: the rate at which the estimated work equals one GPU-second per second. For each load
-the simulator runs the scenario and an open-loop sender replays the very same arrival stream against the
-two gateways (attempts alternate between them, as the simulator's do); both report the rejection rate,
-TTFT and E2E of admitted requests, and the peak in-flight GPU-seconds against the pool budget (the
-overshoot stale views cause).
+64 output tokens with `ignore_eos`, so the truth equals `max_tokens` and both sides charge the same work);
+GPU-seconds admission (pool budget `max_pool_gpu_seconds` 12 x headroom 0.9); clients that retry twice,
+honouring Retry-After plus a jittered backoff (the default scenario's clients). For each load (a fraction of
+the capacity measured with a burst) and each number of gateway replicas (separate OS processes, each polling
+vLLM's `/metrics` every 200 ms into its own view; the attempts go to them in turn, as a round-robin load
+balancer sends them), the request list is replayed `--repeats` times with fresh gateways each time, the
+request list the first repeat sent (`replayed.yaml`) is simulated with the same gateway replicas and poll
+interval, and `compare` sets them side by side: rejection rate and latencies of admitted requests.
 
-Starts its own vLLM server (the tests' provisioned environment) unless given `--vllm-url`; run it under
-`flock /tmp/vllm.lock` on a shared machine. Run: `python benchmarks/gateway_fidelity.py [--loads 0.6,1,1.5]
-[--duration 60] [--repeats 1]`.
+Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
+estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
+budget line (12 x 0.9), and, in reality, why the gateways let it pass: what each gateway's view held at each
+admission (its `X-Queue-Predict-Wait` x GPUs) against the truth at that instant; the part of the gap that is
+other gateways' admits since the last poll (staleness); what vLLM's `/metrics` counted (running + waiting,
+polled every 200 ms) against the requests admitted and unfinished; and the price a view puts on another
+gateway's requests (its moving mean of the estimates it charged) against their actual mean.
+
+Starts the tests' vLLM server (tests/vllm_server.py) unless given `--endpoint`; run it alone, under the lock:
+
+    flock /tmp/vllm.lock python benchmarks/gateway_fidelity.py --out runs/gateway-fidelity \
+        [--profile PROFILE] [--capacity RPS] [--loads 0.6,1,1.5] [--gateways 1,2] [--repeats 3] [--duration 45]
+
+It prints the table (the README's) and writes it to OUT/results.md, with each point's runs and `compare`
+report under OUT/<policy>-g<gateways>-<load>/.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import json
 import os
+import platform
+import random
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+import traceback
 from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simadmit.config.loading import scenario_from_dict  # noqa: E402
-from simadmit.sim.ledger import COMPLETED, REJECTED  # noqa: E402
-from simadmit.sim.simulation import Simulation  # noqa: E402
-from simadmit.sim.world import build_policies, build_world  # noqa: E402
-from simadmit.workload.build import Workload, generate  # noqa: E402
+from benchmarks.fidelity import calibrate, cpu_model, markdown, start_server  # noqa: E402
+from simadmit.admission.estimator import CostEstimator  # noqa: E402
+from simadmit.cli.main import run_files  # noqa: E402
+from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
+from simadmit.loadgen.plan import make_plan  # noqa: E402
+from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
+from simadmit.loadgen.tables import write_run  # noqa: E402
+from simadmit.results.compare import compare, load_runs  # noqa: E402
+from simadmit.results.run_folder import write_folder  # noqa: E402
+from simadmit.serve.backends import LivePool  # noqa: E402
+from simadmit.sim.world import build_world  # noqa: E402
+from simadmit.study.runner import run_study  # noqa: E402
 
-PROFILE = ROOT / "calibration" / "smollm2-135m-cpu.yaml"
 OUTPUT = 64
-BUDGET_S = 12.0
-MAX_POOL = 12.0
+MAX_POOL_GPU_S = 12.0
+HEADROOM = 0.9
+BUDGET_LINE = MAX_POOL_GPU_S * HEADROOM
+POLL_S = 0.2
+KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
+POLICIES = {
+    "gpu_seconds": {"kind": "gpu_seconds", "budgets_s": {"chat": 12.0}, "headroom": HEADROOM,
+                    "max_pool_gpu_seconds": MAX_POOL_GPU_S},
+}  # fmt: skip
 
 
-def scenario(rate: float, duration: float) -> dict[str, object]:
+def scenario(
+    profile: Path, rate: float, duration_s: float, policy: str, gateways: int, seed: int = 11
+) -> dict:
     return {
-        "name": "fidelity",
+        "name": f"gateway-fidelity-{policy}-g{gateways}",
         "workload": {
-            "seed": 11,
-            "rate_rps": rate,
-            "duration_s": duration,
-            "warmup_s": 0,
-            "tiers": [
-                {"name": "chat", "prompt_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.5, "min": 16, "max": 512},
-                 "output_tokens": {"kind": "fixed", "value": OUTPUT}, "max_tokens": OUTPUT}
-            ],
+            "seed": seed,
+            "rate_rps": float(rate),
+            "duration_s": float(duration_s),
+            "tiers": [{"name": "chat", "max_tokens": OUTPUT,
+                       "prompt_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.5, "min": 16, "max": 512},
+                       "output_tokens": {"kind": "fixed", "value": OUTPUT}}],
         },
-        "pools": [{"name": "cpu", "profile": str(PROFILE), "replicas": 1,
-                   "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 2048}}],
-        "gateway": {"replicas": 2, "poll_interval_s": 0.2, "routing": "least_work"},
-        "clients": {"max_retries": 0},
-        "policies": [{"kind": "gpu_seconds", "budgets_s": {"chat": BUDGET_S}, "headroom": 0.9,
-                      "max_pool_gpu_seconds": MAX_POOL}],
+        "pools": [{"name": "cpu", "profile": str(profile), "replicas": 1}],
+        "gateway": {"replicas": gateways, "poll_interval_s": POLL_S},
+        "clients": {"max_retries": 2, "honor_retry_after": True,
+                    "backoff": {"base_s": 1.0, "cap_s": 20.0, "jitter": "full"}},
+        "policies": [POLICIES[policy]],
     }  # fmt: skip
 
 
-def capacity_rps() -> float:
-    """Requests per second whose estimated work is one GPU-second per second (the profile's capacity)."""
-    spec = scenario(1.0, 2000.0)
-    w = generate(scenario_from_dict(spec, "fidelity").workload)
-    est = build_world(scenario_from_dict(spec, "fidelity"), ROOT).pools[0].estimator
-    return 1.0 / float(np.mean(est.estimate_many(w.prompt, w.max_tokens)))
+def write_scenario(doc: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
-def peak_in_flight(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
-    """Largest sum of `work` over intervals [start, end) open at once."""
-    events = sorted(
-        [(s, w) for s, w in zip(starts, work, strict=True)]
-        + [(e, -w) for e, w in zip(ends, work, strict=True)]
-    )
-    level = peak = 0.0
-    for _, w in events:
-        level += w
-        peak = max(peak, level)
-    return peak
-
-
-def simulate(spec: dict[str, object]) -> dict[str, float]:
-    s = scenario_from_dict(spec, "fidelity")
-    world = build_world(s, ROOT)
-    workload = generate(s.workload)
-    (policy,) = build_policies(s).values()
-    result = Simulation(world, workload, policy, s.workload.seed).run()
-    led = result.ledger
-    arrival = workload.arrival
-    done = np.array([o == COMPLETED for o in led.outcome])
-    ttft = np.array(led.first_token)[done] - arrival[done]
-    e2e = np.array(led.finish)[done] - arrival[done]
-    return summary(np.mean([o == REJECTED for o in led.outcome]), ttft, e2e, result.peak_in_flight_gpu_s[0])
-
-
-def summary(rejected: float, ttft: np.ndarray, e2e: np.ndarray, peak: float) -> dict[str, float]:
-    q = lambda a, p: float(np.percentile(a, p)) if len(a) else float("nan")  # noqa: E731
-    return {
-        "rejection": float(rejected), "ttft_p50": q(ttft, 50), "ttft_p99": q(ttft, 99),
-        "e2e_p50": q(e2e, 50), "e2e_p99": q(e2e, 99), "peak_gpu_s": peak, "completed": float(len(ttft)),
-    }  # fmt: skip
-
-
-async def send_all(
-    workload: Workload, gateways: list[str], model: str, seed: int
-) -> list[tuple[int, float, float, float]]:
-    """Open loop: each request at its arrival time, attempts alternating between the gateways; returns
-    (status, sent, first token, finished) per request, times from the start."""
-    rng = np.random.default_rng(seed)
-    results: list[tuple[int, float, float, float]] = [(0, 0.0, float("nan"), float("nan"))] * len(workload)
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as client:
-        start = time.perf_counter()
-
-        async def one(i: int) -> None:
-            body = {
-                "model": model, "prompt": rng.integers(100, 49000, int(workload.prompt[i])).tolist(),
-                "max_tokens": int(workload.max_tokens[i]), "ignore_eos": True, "stream": True,
-            }  # fmt: skip
-            await asyncio.sleep(max(0.0, workload.arrival[i] - (time.perf_counter() - start)))
-            sent = time.perf_counter() - start
-            first = float("nan")
-            async with client.stream("POST", f"{gateways[i % len(gateways)]}/v1/completions", json=body) as r:
-                async for chunk in r.aiter_raw():
-                    if first != first and b'"text"' in chunk:
-                        first = time.perf_counter() - start
-            results[i] = (r.status_code, sent, first, time.perf_counter() - start)
-
-        await asyncio.gather(*(one(i) for i in range(len(workload))))
-    return results
+def capacity(url: str, profile: Path, work: Path, requests: int = 48) -> float:
+    """Requests per second the server completes with a burst of the workload's requests in flight (the
+    burst over its makespan, first send to last finish: errs low, by the thinning tail)."""
+    doc = scenario(profile, 1000.0, 1.0, "gpu_seconds", 1)
+    doc["workload"] |= {"duration_s": None, "requests": requests}
+    spec = scenario_from_dict(doc, work / "capacity.yaml")
+    run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
+    done = [a.result for a in run.attempts if a.result.status == "ok"]
+    return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
 
 
 def free_port() -> int:
@@ -149,27 +125,33 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gateways(scenario_file: Path, backend: str, n: int) -> Iterator[list[str]]:
+def gateways(scenario_file: Path, backend: str, policy: str, n: int, logs: Path) -> Iterator[list[str]]:
+    """`n` `simadmit gateway` processes in front of `backend`, each with its own view; stopped at the end."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     procs, urls = [], []
-    for _ in range(n):
+    logs.mkdir(parents=True, exist_ok=True)
+    for k in range(n):
         port = free_port()
+        log = (logs / f"gateway-{k}.log").open("wb")
         procs.append(subprocess.Popen(
             [sys.executable, "-c", "from simadmit.cli import app; app()", "gateway", "--scenario", str(scenario_file),
-             "--backend", backend, "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             "--backend", backend, "--policy", policy, "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         ))  # fmt: skip
         urls.append(f"http://127.0.0.1:{port}")
     try:
-        for url in urls:
+        for url, proc in zip(urls, procs, strict=True):
             for _ in range(600):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a gateway exited ({proc.returncode}); see {logs}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                         break
                 time.sleep(0.1)
+        time.sleep(2 * POLL_S)  # every view has polled
         yield urls
     finally:
         for p in procs:
@@ -181,66 +163,262 @@ def gateways(scenario_file: Path, backend: str, n: int) -> Iterator[list[str]]:
                 p.kill()
 
 
-def real(spec: dict[str, object], backend: str, model: str, seed: int, tmp: Path) -> dict[str, float]:
-    s = scenario_from_dict(spec, "fidelity")
-    workload = generate(s.workload)
-    est = build_world(s, ROOT).pools[0].estimator.estimate_many(workload.prompt, workload.max_tokens)
-    path = tmp / "scenario.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    with gateways(path, backend, 2) as urls:
-        rows = asyncio.run(send_all(workload, urls, model, seed))
-    status = np.array([r[0] for r in rows])
-    sent, first, end = (np.array([r[k] for r in rows]) for k in (1, 2, 3))
-    ok = status == 200
-    peak = peak_in_flight(sent[ok], end[ok], est[ok])
-    return summary(np.mean(status == 429), first[ok] - sent[ok], end[ok] - sent[ok], peak)
+# --- the pool budget --------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def vllm(url: str | None) -> Iterator[tuple[str, str]]:
-    if url:
-        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        yield url, model
-        return
-    from simadmit.calibrate.launch import launched_server
-    from tests.vllm_server import SERVED_NAME, provision, server_args
+def level_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Sum of `work` over the intervals [start, end) open at each of `times`."""
+    opened = (starts[None, :] <= times[:, None]) & (times[:, None] < ends[None, :])
+    return np.asarray(opened @ work, dtype=float)
 
-    python, model_dir = provision()
-    work = Path(tempfile.mkdtemp())
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CACHE_ROOT": str(work / "cache")}
-    with launched_server(
-        str(model_dir), server_args(), str(python), work / "server.log", timeout_s=600, env=env
-    ) as u:
-        yield u, SERVED_NAME
+
+def admitted_intervals(
+    req: pd.DataFrame, estimator: CostEstimator, start: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, estimate) of every admitted attempt; an attempt that never finished ends when answered."""
+    a = req[req["decision"] == "admit"]
+    s = a[start].to_numpy(dtype=float)
+    e = a["finish_s"].fillna(a["admit_s"]).to_numpy(dtype=float)
+    w = estimator.estimate_many(a["prompt_tokens"].to_numpy(), a["max_tokens"].to_numpy())
+    return s, e, np.asarray(w, dtype=float)
+
+
+def peak(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
+    return float(level_at(starts, starts, ends, work).max()) if len(starts) else 0.0
+
+
+def price_of_others(req: pd.DataFrame, estimator: CostEstimator, prior: float) -> float:
+    """Mean, over admissions, of (the price a gateway puts on one request of another gateway: the mean of
+    the estimates it charged, kept by `serve.backends.LivePool`) / (the actual mean estimate)."""
+    a = req[req["decision"] == "admit"].sort_values("attempt_s")
+    w = estimator.estimate_many(a["prompt_tokens"].to_numpy(), a["max_tokens"].to_numpy())
+    books: dict[int, LivePool] = {}
+    ratios = []
+    for g, est in zip(a["gateway"].tolist(), w.tolist(), strict=True):
+        pool = books.setdefault(g, LivePool("p", ["http://b"], 1, 1, prior, "unavailable"))
+        ratios.append(pool.mean_estimate / float(np.mean(w)))
+        pool.charge(pool.backends[0], "chat", est)
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One run's pool budget figures (GPU-seconds; counts in requests)."""
+
+    peak: float  # most admitted work in flight
+    view_gap_mean: float  # truth - view at admissions, mean
+    view_gap_at_peak: float  # truth - view at the admissions where the truth passed the line (mean; 0: none)
+    stale_at_peak: float  # other gateways' admits in the poll interval before those admissions (mean)
+    uncounted_at_peak: float  # others' requests in flight at the last poll that vLLM's count left out (mean)
+    vllm_count_gap: float  # admitted-and-unfinished requests - vLLM's running + waiting, mean over polls
+    price_ratio: float  # price of another gateway's request / its actual mean estimate (NaN: one gateway)
+    largest_estimate: float  # the largest estimate admitted
+
+
+def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
+    req = pd.read_parquet(folder / "requests.parquet")
+    s, e, w = admitted_intervals(req, estimator, "attempt_s")
+    truth = level_at(s, s, e, w)  # at each admission, itself included
+    a = req[req["decision"] == "admit"]
+    view = a["predicted_wait_s"].to_numpy(
+        dtype=float
+    )  # one GPU: in-flight GPU-s of the view, itself included
+    gap = truth - view
+    gw = a["gateway"].to_numpy()
+    over = truth > BUDGET_LINE
+    stale = np.array(
+        [w[(gw != g) & (s < t) & (s >= t - POLL_S)].sum() for t, g in zip(s[over], gw[over], strict=True)]
+    )
+    series = pd.read_parquet(folder / "timeseries.parquet")
+    t = series["t_s"].to_numpy(dtype=float)
+    counted = level_at(t, s, e, np.ones_like(w))
+    engine = (series["running"] + series["queued"]).to_numpy(dtype=float)
+    busy = counted > 0
+    several = a["gateway"].nunique() > 1
+    uncounted = []  # what a view built at the poll before each over-the-line admission missed of the others
+    for at, g in zip(s[over], gw[over], strict=True):
+        k = np.searchsorted(t, at) - 1
+        if k < 0 or not several:
+            continue
+        mine = gw == g
+        own = level_at(t[k : k + 1], s[mine], e[mine], np.ones(mine.sum()))[0]
+        others = level_at(t[k : k + 1], s[~mine], e[~mine], np.ones((~mine).sum()))[0]
+        uncounted.append((others - max(0.0, engine[k] - own)) * float(w.mean()))
+    return Budget(
+        float(truth.max()) if len(truth) else 0.0,
+        float(np.nanmean(gap)) if len(gap) else float("nan"),
+        float(np.nanmean(gap[over])) if over.any() else 0.0,
+        float(stale.mean()) if len(stale) else 0.0,
+        float(np.mean(uncounted)) if uncounted else float("nan"),
+        float(np.mean(counted[busy] - engine[busy])) if busy.any() else float("nan"),
+        price_of_others(req, estimator, prior) if several else float("nan"),
+        float(w.max()) if len(w) else 0.0,
+    )
+
+
+def sim_peak(folder: Path, estimator: CostEstimator) -> float:
+    req = pd.read_parquet(folder / "requests.parquet")
+    return peak(*admitted_intervals(req, estimator, "admit_s"))
+
+
+# --- one point ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    table: pd.DataFrame  # `compare`'s
+    budgets: list[Budget]  # per real repeat
+    sim_peak: float
+    requests: int
+
+
+def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
+              repeats: int, out: Path) -> Point:  # fmt: skip
+    """Replay `repeats` times through fresh gateways, simulate what the first repeat sent, compare."""
+    path = write_scenario(scenario(profile, rate, duration_s, policy, n_gateways), out / "scenario.yaml")
+    spec, base = load_scenario(path)
+    plan = make_plan(spec, base)
+    world = build_world(spec, base)
+    estimator = world.pools[0].estimator
+    prior = estimator.estimate(0, OUTPUT)  # what a gateway prices others' requests at before its first admit
+    budgets = []
+    for k in range(1, repeats + 1):
+        time.sleep(2.0)  # let the server settle between runs
+        where = out / "real" / f"repeat-{k}"
+        with gateways(path, url, policy, n_gateways, where / "logs") as urls:
+            cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,
+                               metrics_interval_s=POLL_S)  # fmt: skip
+            run = replay(plan, cfg, random.Random())
+        facts = write_run(run, spec, base, where, "real")
+        budgets.append(real_budget(where, estimator, prior))
+        lag = facts["send_lag_s"]
+        print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
+              f"{facts['kept_up']}; {budgets[-1]}", flush=True)  # fmt: skip
+    sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
+    result = run_study(sim_spec, sim_base)
+    write_folder(
+        out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
+    )
+    real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
+    sim = load_runs(out / "sim", None)
+    compare(sim, real, 0.0).to_csv(out / "compare.csv", index=False)
+    return load_point(out)
+
+
+def load_point(out: Path) -> Point:
+    """A point's figures from its folder (`compare.csv`, the real repeats, the simulation)."""
+    spec, base = load_scenario(out / "scenario.yaml")
+    estimator = build_world(spec, base).pools[0].estimator
+    prior = estimator.estimate(0, OUTPUT)
+    repeats = sorted((out / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1]))
+    budgets = [real_budget(d, estimator, prior) for d in repeats]
+    table = pd.read_csv(out / "compare.csv")
+    return Point(table, budgets, sim_peak(out / "sim", estimator), len(make_plan(spec, base).workload))
+
+
+def tabulate(out: Path) -> str:
+    """The table again from an earlier run's folders (the measures recomputed, no server needed)."""
+    rows = []
+    for where in sorted(
+        out.glob("*-g*-*"),
+        key=lambda d: (d.name.rsplit("-g", 1)[0], *map(float, d.name.rsplit("-g", 1)[1].split("-"))),
+    ):
+        policy, rest = where.name.rsplit("-g", 1)
+        n, load = rest.split("-", 1)
+        rows.append(row(policy, int(n), float(load), load_point(where)))
+    header = (out / "results.md").read_text().splitlines()[0] if (out / "results.md").exists() else ""
+    return header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
+
+
+def spread(values: list[float], fmt: str) -> str:
+    v = [x for x in values if x == x]
+    if not v:
+        return "-"
+    mean = fmt.format(float(np.mean(v)))
+    return mean if len(v) == 1 else f"{mean} ({fmt.format(min(v))}-{fmt.format(max(v))})"
+
+
+def row(policy: str, n: int, load: float, point: Point) -> dict[str, object]:
+    t = point.table
+    t = t[t["tier"] == "all"].set_index("measure")
+    keys = ["sim", "real_mean", "real_min", "real_max"]
+    rej = dict(zip(keys, t.loc["rejection_rate", keys].to_numpy(dtype=float).tolist(), strict=True))
+    real_rej = [rej["real_min"], rej["real_max"]]
+    gap = 100 * (rej["sim"] - rej["real_mean"])
+    inside = real_rej[0] <= rej["sim"] <= real_rej[1]
+    cells: dict[str, object] = {
+        "policy": policy, "gateways": n, "load": f"{load:.0%}", "requests": point.requests,
+        "rejected": f"{100 * rej['sim']:.1f}% / {100 * rej['real_mean']:.1f}% ({100 * real_rej[0]:.1f}-"
+                    f"{100 * real_rej[1]:.1f}) {gap:+.1f} pt {'ok' if abs(gap) <= 2 or inside else 'FAIL'}",
+    }  # fmt: skip
+    for m in KEY:
+        r = t.loc[m]
+        cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
+                    f"{100 * r['error']:+.0f}% {'ok' if str(r['verdict']).startswith('pass') else 'FAIL'}")  # fmt: skip
+    b = point.budgets
+    cells["peak GPU-s sim / real"] = f"{point.sim_peak:.1f} / " + spread([x.peak for x in b], "{:.1f}")
+    cells["view gap mean"] = spread([x.view_gap_mean for x in b], "{:.2f}")
+    cells["view gap over the line"] = spread([x.view_gap_at_peak for x in b], "{:.2f}")
+    cells["of it stale"] = spread([x.stale_at_peak for x in b], "{:.2f}")
+    cells["of it uncounted by vLLM"] = spread([x.uncounted_at_peak for x in b], "{:.2f}")
+    cells["vLLM count gap"] = spread([x.vllm_count_gap for x in b], "{:.2f}")
+    cells["price of others"] = spread([x.price_ratio for x in b], "{:.2f}")
+    return cells
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--vllm-url", default=None)
-    parser.add_argument("--loads", default="0.6,1.0,1.5")
-    parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
-    cap = capacity_rps()
-    print(
-        f"capacity by the profile: {cap:.2f} requests/s (mean estimate {1 / cap:.3f} GPU-s); pool budget {MAX_POOL} x 0.9"
-    )
-    tmp = Path(tempfile.mkdtemp())
-    header = "| load | side | rejected | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 | peak in-flight GPU-s (budget 10.8) |"
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/gateway-fidelity"))
+    ap.add_argument("--loads", default="0.6,1.0,1.5", help="fractions of the measured capacity")
+    ap.add_argument("--gateways", default="1,2", help="numbers of gateway processes")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"of {', '.join(POLICIES)}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per run")
+    ap.add_argument("--endpoint", help="use this running vLLM server instead of starting one")
+    ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
+    ap.add_argument("--calibrate-budget", default="90s")
+    ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
+    ap.add_argument("--tabulate", action="store_true", help="print the table of the runs already in --out")
+    args = ap.parse_args()
+    if args.tabulate:
+        print(tabulate(args.out))
+        return
+    if (args.out / "results.md").exists():
+        sys.exit(f"{args.out} already holds results; choose another --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    started = datetime.now(UTC)
     rows = []
-    with vllm(args.vllm_url) as (url, model):
-        for load in (float(x) for x in args.loads.split(",")):
-            spec = scenario(cap * load, args.duration)
-            sides = [("simulated", simulate(spec))]
-            for r in range(args.repeats):
-                sides.append((f"real #{r + 1}", real(spec, url, model, 1000 + r, tmp)))
-            for side, m in sides:
-                rows.append(
-                    f"| {load:.0%} | {side} | {m['rejection']:.1%} | {m['ttft_p50']:.2f} s | {m['ttft_p99']:.2f} s | "
-                    f"{m['e2e_p50']:.2f} s | {m['e2e_p99']:.2f} s | {m['peak_gpu_s']:.2f} |"
-                )
-                print(rows[-1], flush=True)
-    print("\n" + header + "\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    with ExitStack() as stack:
+        url = args.endpoint or stack.enter_context(start_server(args.out))
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+            os.sched_setaffinity(0, {1})  # beside the API server, off the engine's core; gateways inherit it
+        profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
+        cap = args.capacity or capacity(url, profile, args.out)
+        print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
+        for policy in args.policies.split(","):
+            for n in (int(x) for x in args.gateways.split(",")):
+                for load in (float(x) for x in args.loads.split(",")):
+                    print(f"{policy}, {n} gateway(s), {load:.0%} ({load * cap:.2f} req/s)", flush=True)
+                    where = args.out / f"{policy}-g{n}-{load:g}"
+                    try:
+                        point = run_point(
+                            url, profile, policy, n, load * cap, args.duration, args.repeats, where
+                        )
+                    except Exception:  # noqa: BLE001 - one failed point must not lose the others
+                        traceback.print_exc()
+                        continue
+                    rows.append(row(policy, n, load, point))
+                    print(rows[-1], flush=True)
+                    (args.out / "results-so-far.md").write_text(markdown(pd.DataFrame(rows)) + "\n")
+    load_after = os.getloadavg()
+    header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
+              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "
+              f"repeats of {args.duration:.0f} s; cells: sim / real mean (real range)")  # fmt: skip
+    text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

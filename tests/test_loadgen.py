@@ -216,3 +216,18 @@ def test_stream_lines_split_on_newline_bytes_only() -> None:
     text = '{"choices": [{"text": "a\u2028b"}]}'.encode()
     payloads, rest = sse_payloads(b"data: " + text + b'\n\n: keep-alive\ndata: [DONE]\ndata: {"us')
     assert payloads == [text, b"[DONE]"] and rest == b'data: {"us'
+
+
+def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
+    """With two endpoints (gateway replicas behind a round-robin balancer) the attempts alternate between
+    them, and the table's `gateway` column says which one took each."""
+    scenario = write_scenario(tmp_path, scenario_doc(20))
+    with fake_server() as a, fake_server() as b:
+        args = ["replay", str(scenario), "--endpoint", a.url, "--endpoint", b.url, "--server", b.url]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+        served = (a.completions, b.completions)
+    assert result.exit_code == 0, result.output
+    req = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    assert served == (10, 10)
+    assert sorted(req["gateway"].value_counts().to_dict().items()) == [(0, 10), (1, 10)]
+    assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()

@@ -33,8 +33,10 @@ def test_snapshot_is_own_books_plus_others_at_the_mean_estimate() -> None:
     a, b = pool.backends
     pool.charge(a, "chat", 1.0)
     pool.charge(a, "batch", 3.0)
-    mean = 1.0 + 0.02 * (3.0 - 1.0)  # the prior moved 2% towards each charge
+    mean = 2.0  # the plain mean of the first charges: the prior is gone after the first
     assert pool.mean_estimate == pytest.approx(mean)
+    pool.answering(a)
+    pool.answering(a)
     pool.polled(a, EngineGauges(running=3, waiting=1, kv_usage=0.5), now=10.0)  # 2 of them are not ours
     pool.polled(b, EngineGauges(running=0, waiting=0, kv_usage=0.1), now=10.0)
     snap = pool.snapshot(10.0)
@@ -56,13 +58,36 @@ def test_snapshot_is_own_books_plus_others_at_the_mean_estimate() -> None:
 
     pool.refused(a)
     assert pool.available() == [b]
-    pool.release(a, "chat", 1.0)
-    pool.release(a, "batch", 3.0)
+    pool.release(a, "chat", 1.0, answered=True)
+    pool.release(a, "batch", 3.0, answered=True)
     assert pool.own_gpu_s == 0 and pool.own_requests == 0 and pool.own_by_tier == {"chat": 0, "batch": 0}
 
     kept = LivePool("p", ["http://a"], 1, 8, 1.0, on_stale="last_known")
     kept.poll_failed(kept.backends[0], now=5.0, stale_after_s=1.0)
     assert kept.snapshot(5.0).available_gpus == 1
+
+
+def test_own_requests_before_their_first_token_are_not_subtracted_from_vllms_count() -> None:
+    """vLLM's gauges can leave out requests without a first token: with nothing waiting, of this gateway's
+    3 requests only the one answering is in the count of 5, so the other 4 are another gateway's; once all
+    3 answer, 2 are; requests vLLM reports waiting may be this gateway's pending ones."""
+    pool = LivePool("p", ["http://a"], 1, 64, prior_estimate_gpu_s=1.0, on_stale="unavailable")
+    (a,) = pool.backends
+    for _ in range(3):
+        pool.charge(a, "chat", 1.0)
+    pool.answering(a)
+    pool.polled(a, EngineGauges(running=5, waiting=0, kv_usage=0.1), now=1.0)
+    assert a.others_at_poll == 4 and pool.snapshot(1.0).in_flight_gpu_s == pytest.approx(3.0 + 4.0)
+    pool.answering(a)
+    pool.answering(a)
+    pool.polled(a, EngineGauges(running=5, waiting=0, kv_usage=0.1), now=1.2)
+    assert a.others_at_poll == 2
+    pool.release(a, "chat", 1.0, answered=True)
+    assert (a.own_requests, a.own_answering) == (2, 2)
+    pool.charge(a, "chat", 1.0)
+    pool.charge(a, "chat", 1.0)  # 2 answering, 2 pending; vLLM: 3 running, 1 waiting
+    pool.polled(a, EngineGauges(running=3, waiting=1, kv_usage=0.1), now=1.4)
+    assert a.others_at_poll == 1
 
 
 # --- the race the headroom exists for ---------------------------------------------------------------------

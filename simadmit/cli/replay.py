@@ -37,7 +37,13 @@ def _holds_a_run(out: Path) -> bool:
 
 def replay_command(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML, or a bundled scenario's name")],
-    endpoint: Annotated[str, typer.Option(help="the live OpenAI-compatible endpoint, http://host:port")],
+    endpoint: Annotated[
+        list[str],
+        typer.Option(
+            help="the live OpenAI-compatible endpoint, http://host:port; repeated (gateway replicas), the "
+            "attempts go to them in turn"
+        ),
+    ],
     out: Annotated[Path, typer.Option(help="folder for requests.parquet, timeseries.parquet, replay.json")],
     repeat: Annotated[int, typer.Option(min=1, help="send the same request list N times (repeat-1..N)")] = 1,
     model: Annotated[
@@ -46,6 +52,13 @@ def replay_command(
     seed: Annotated[int | None, typer.Option(help="workload seed (default: the scenario's)")] = None,
     label: Annotated[str, typer.Option(help="the policy column of the tables")] = "real",
     timeout: Annotated[float, typer.Option(min=1, help="seconds one attempt may take")] = 600.0,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="the vLLM server behind the endpoints (gateways): its /metrics is polled and its /tokenize "
+            "gives the prompts' token ids (default: the first endpoint)"
+        ),
+    ] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
 ) -> None:
     """Send the scenario's workload open-loop to a live endpoint at its scheduled times and record it as
@@ -65,7 +78,13 @@ def replay_command(
     console = Console()
     if not console.is_terminal:  # files and pipes get whole lines
         console = Console(width=140)
-    cfg = ReplayConfig(endpoint=endpoint, model=model, timeout_s=timeout)
+    cfg = ReplayConfig(
+        endpoint=endpoint[0],
+        model=model,
+        timeout_s=timeout,
+        more_endpoints=tuple(endpoint[1:]),
+        server=server,
+    )
     console.print(
         f"{len(plan.workload)} requests over {plan.scheduled_s[-1]:.0f} s, {repeat} run(s) -> {out}/"
     )

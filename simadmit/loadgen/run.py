@@ -1,18 +1,21 @@
 """The open-loop replay: every request leaves at its scheduled time, whatever is still in flight.
 
 One asyncio loop does everything: a dispatcher sleeps until the next scheduled time and starts the request
-(so a slow server never delays the next arrival), each request retries after a 429 as the scenario's
+(so a slow server never delays the next arrival; with several endpoints, such as gateway replicas, the
+attempts go to them in turn, as a round-robin load balancer would send them), each request retries after a 429 as the scenario's
 `Client` says (backoff, jitter, Retry-After, retry budget, deadline), and a poller reads `/metrics`. The run
 keeps how late each attempt left against its schedule and what the client itself cost (CPU share, event-loop
-lag), because a load generator that falls behind measures itself, not the server.
+lag), because a load generator that falls behind measures itself, not the server. In front of gateways,
+which serve neither `/metrics` of vLLM's kind nor `/tokenize`, the server behind them supplies both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import numpy as np
@@ -34,6 +37,8 @@ class ReplayConfig:
     timeout_s: float = 600.0  # one attempt, from sending to its last token
     lead_s: float = 0.5  # time zero is this long after the bodies are ready
     metrics_interval_s: float = 1.0
+    more_endpoints: tuple[str, ...] = ()  # attempts go round-robin over `endpoint` and these
+    server: str | None = None  # the vLLM server behind the endpoints (gateways): /metrics and /tokenize
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class AttemptRecord:
     attempt: int
     planned_s: float  # when it should have left (schedule, or the retry's due time), run time
     result: AttemptResult  # times relative to the run's time zero
+    endpoint: int = 0  # which endpoint it went to (0: `endpoint`, k: `more_endpoints[k - 1]`)
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class ReplayRun:
 
 def _shift(r: AttemptResult, t0: float) -> AttemptResult:
     return AttemptResult(r.status, r.sent - t0, r.answered - t0, r.first_token - t0, r.finish - t0,
-                         r.prompt_tokens, r.output_tokens, r.retry_after_s, r.reason)  # fmt: skip
+                         r.prompt_tokens, r.output_tokens, r.retry_after_s, r.reason, r.predicted_wait_s)  # fmt: skip
 
 
 async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> ReplayRun:
@@ -69,8 +75,13 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http, httpx.AsyncClient() as side:
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
-        bodies = request_bodies(plan, endpoint.model, await tokenize(side, endpoint, SAMPLE_TEXT), rng)
-        url = f"{endpoint.base_url}/v1/completions"
+        behind = replace(endpoint, base_url=normalize_base_url(cfg.server)) if cfg.server else endpoint
+        ids = await tokenize(side, endpoint, SAMPLE_TEXT)
+        if ids is None and behind is not endpoint:
+            ids = await tokenize(side, behind, SAMPLE_TEXT)
+        bodies = request_bodies(plan, endpoint.model, ids, rng)
+        urls = [f"{normalize_base_url(e)}/v1/completions" for e in (cfg.endpoint, *cfg.more_endpoints)]
+        turn = itertools.count()
         client = Client(plan.clients, np.random.default_rng([plan.seed, 3]).random)
         loop = asyncio.get_running_loop()
         t0 = loop.time() + cfg.lead_s
@@ -87,8 +98,9 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
                 client.attempt(tries)
                 if tries == 1 and (give_up := client.abandons_at(loop.time())) is not None:
                     abandon = give_up
-                r = await send(http, url, bodies[rid], cfg.timeout_s, abandon)
-                records.append(AttemptRecord(rid, tries, planned - t0, _shift(r, t0)))
+                k = next(turn) % len(urls)
+                r = await send(http, urls[k], bodies[rid], cfg.timeout_s, abandon)
+                records.append(AttemptRecord(rid, tries, planned - t0, _shift(r, t0), k))
                 if r.status != REJECTED:
                     break
                 wait = client.after_rejection(rid, tries, r.retry_after_s, r.answered - t0, deadline[rid])
@@ -98,7 +110,7 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
                 await asyncio.sleep(max(0.0, planned - loop.time()))
             client.forget(rid)
 
-        poller = MetricsPoller(side, endpoint.base_url, t0, cfg.metrics_interval_s)
+        poller = MetricsPoller(side, behind.base_url, t0, cfg.metrics_interval_s)
         monitor = OverheadMonitor()
         monitor.start()
         polling = asyncio.create_task(poller.run())

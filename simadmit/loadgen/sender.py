@@ -36,11 +36,20 @@ class AttemptResult:
     output_tokens: int
     retry_after_s: float  # a 429's Retry-After, NaN otherwise
     reason: str  # "admitted", or what the server gave as the cause of a rejection or failure
+    predicted_wait_s: float = math.nan  # a gateway's X-Queue-Predict-Wait: its view's in-flight work per GPU
 
 
 def encode_body(model: str, prompt: list[int] | str, max_tokens: int) -> bytes:
     """The request body: exact prompt, exactly `max_tokens` generated (ignore_eos), streamed with usage."""
     return json.dumps(completion_body(model, prompt, max_tokens), separators=(",", ":")).encode()
+
+
+def header_seconds(value: str | None) -> float:
+    """A header holding seconds as a decimal number (NaN when absent or not a number)."""
+    try:
+        return float(value) if value is not None else math.nan
+    except ValueError:
+        return math.nan
 
 
 def retry_after_seconds(value: str | None) -> float:
@@ -81,14 +90,14 @@ async def send(
     loop = asyncio.get_running_loop()
     nan = math.nan
     sent = loop.time()
-    answered = first = last = nan
+    answered = first = last = view = nan
     usage: dict[str, int] | None = None
 
     def result(status: str, reason: str | None = None, retry_after: float = nan) -> AttemptResult:
         p = int(usage.get("prompt_tokens", 0)) if usage else 0
         o = int(usage.get("completion_tokens", 0)) if usage else 0
         finish = last if status == OK else nan
-        return AttemptResult(status, sent, answered, first, finish, p, o, retry_after, reason or status)
+        return AttemptResult(status, sent, answered, first, finish, p, o, retry_after, reason or status, view)
 
     until = min(sent + timeout_s, abandon_at if abandon_at is not None else math.inf)
     try:
@@ -97,6 +106,7 @@ async def send(
                 "POST", url, content=body, headers={"content-type": "application/json"}
             ) as response:
                 answered = loop.time()
+                view = header_seconds(response.headers.get("x-queue-predict-wait"))
                 if response.status_code != 200:
                     detail = await response.aread()
                     code = response.status_code

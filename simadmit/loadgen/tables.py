@@ -1,7 +1,9 @@
 """A replay's files, in the tables `simulate` writes, so `compare` (and `plot`) read both alike.
 
 - `requests.parquet`: one row per attempt with the columns of `simulate`'s table, plus `scheduled_send_s`
-  (when the attempt was due), `send_lag_s` (how late it left) and `status` (what the attempt came to).
+  (when the attempt was due), `send_lag_s` (how late it left), `status` (what the attempt came to) and
+  `predicted_wait_s` (a gateway's `X-Queue-Predict-Wait`: its view at the decision); `gateway` is the
+  endpoint the attempt went to.
   What a client cannot see stays empty: the engine's first-scheduled time, the replica, preemptions, the
   gateway's estimate; queue wait comes from the server's histogram instead (`replay.json`).
 - `timeseries.parquet`: one row per `/metrics` poll, with the client's attempts, admits and rejects since
@@ -47,6 +49,8 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
             "first_token_s": [a.result.first_token for a in run.attempts],
             "finish_s": [a.result.finish for a in run.attempts],
             "served_output": [a.result.output_tokens for a in run.attempts],
+            "gateway": [a.endpoint for a in run.attempts],
+            "predicted_wait_s": [a.result.predicted_wait_s for a in run.attempts],
         }
     )
     rid = att["request_id"].to_numpy()
@@ -68,7 +72,7 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
             "attempt": att["attempt"],
             "tier": pd.Categorical.from_codes(w.tier[rid], pd.Index(w.tier_names)),
             "pool": [run.plan.tier_pool[t] for t in w.tier[rid]],
-            "gateway": 0,
+            "gateway": att["gateway"],
             "arrival_s": arrival_s,
             "attempt_s": att["attempt_s"],
             "decision": np.where(admitted, "admit", "reject"),
@@ -90,6 +94,7 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
             "scheduled_send_s": att["scheduled_send_s"],
             "send_lag_s": att["attempt_s"] - att["scheduled_send_s"],
             "status": att["status"],
+            "predicted_wait_s": att["predicted_wait_s"],
         }
     )
     ok = completed & admitted

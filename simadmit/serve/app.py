@@ -276,7 +276,7 @@ class GatewayServer:
         pool.charge(backend, req.tier, estimate)
         exchange = Exchange(
             self.client, backend.url + PATHS[body.route], body.body, body.stream, self.learn,
-            partial(self.finished, pool, backend, req, estimate),
+            partial(self.finished, pool, backend, req, estimate), partial(pool.answering, backend),
         )  # fmt: skip
         backend.aborters.add(exchange.abort)
         headers = {"X-Queue-Predict-Wait": f"{wait:.3f}"}
@@ -308,7 +308,7 @@ class GatewayServer:
         self, pool: LivePool, backend: Backend, req: Request, estimate: float, exchange: Exchange
     ) -> None:
         """The backend is done with an admitted request, however it ended: release it from the books."""
-        pool.release(backend, req.tier, estimate)
+        pool.release(backend, req.tier, estimate, exchange.answering)
         backend.aborters.discard(exchange.abort)
         if exchange.refused:
             pool.refused(backend)

@@ -4,7 +4,12 @@ Each poll reads every backend's `/metrics` gauges (`vllm:num_requests_running`, 
 `vllm:kv_cache_usage_perc`) and turns them, with this gateway's own books, into the `PoolSnapshot` the
 simulator's pool publishes. vLLM does not publish predicted GPU-seconds, so the snapshot's in-flight work is
 this gateway's own in-flight requests at the estimates it charged, plus the requests a backend holds beyond
-them (other gateways' work) at the mean estimate this gateway has been charging. Between polls the
+them (other gateways' work) at the mean estimate this gateway has been charging. vLLM's running and
+waiting gauges can leave out requests that have not produced a first token yet (measured on the CPU
+server, whose steps last seconds: `waiting` stayed 0 while up to half of the requests in flight waited for
+theirs), so of this gateway's own requests the count is taken to hold those whose answer has begun, and
+those not yet answering only as far as vLLM reports requests waiting; other gateways' requests that vLLM
+does not count yet stay invisible until it does. Between polls the
 `Gateway` object adds its own admits, exactly as in the simulator; work other gateways admitted since the
 last poll stays invisible, which is the staleness the headroom exists for.
 
@@ -23,7 +28,9 @@ from simadmit.admission.gateway import PoolSnapshot
 from simadmit.calibrate.metrics import EngineGauges
 from simadmit.serve.discovery import is_discovered
 
-# how fast the mean charged estimate follows new admits: about the last 50 requests
+# how fast the mean charged estimate follows new admits: about the last 50 requests. Until 50 are charged it
+# is their plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
+# other gateways' requests low for minutes
 ESTIMATE_SMOOTHING = 0.02
 
 
@@ -38,6 +45,7 @@ class Backend:
     refused_until_poll: bool = False  # a request failed to connect: unavailable until a poll answers
     stale: bool = False  # /metrics unanswered for stale_after_s
     own_requests: int = 0  # admitted by this gateway, sent here, not finished
+    own_answering: int = 0  # of them, those whose answer has begun: the ones vLLM's gauges count
     own_gpu_s: float = 0.0
     others_at_poll: float = 0.0  # requests the backend held at the last poll beyond this gateway's own
     retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
@@ -62,6 +70,7 @@ class LivePool:
         self.gpus_per_replica = gpus_per_replica
         self.max_num_seqs = max_num_seqs
         self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds charged per admit
+        self.charges = 0
         self.keep_stale = on_stale == "last_known"
         self.own_by_tier: dict[str, float] = {}
         self.admits_by_tier: dict[str, int] = {}
@@ -100,7 +109,10 @@ class LivePool:
         backend.polled_ok_at = now
         backend.refused_until_poll = False
         backend.stale = False
-        backend.others_at_poll = max(0.0, gauges.running + gauges.waiting - backend.own_requests)
+        # own requests in the count: those answering, and those not yet, as far as vLLM has them waiting
+        pending = backend.own_requests - backend.own_answering
+        counted_own = backend.own_answering + min(pending, gauges.waiting)
+        backend.others_at_poll = max(0.0, gauges.running + gauges.waiting - counted_own)
 
     def poll_failed(self, backend: Backend, now: float, stale_after_s: float) -> None:
         """A poll of `backend` did not answer: once silent for `stale_after_s` it is stale, and unless the
@@ -163,11 +175,17 @@ class LivePool:
         backend.own_gpu_s += gpu_s
         self.own_by_tier[tier] = self.own_by_tier.get(tier, 0.0) + gpu_s
         self.admits_by_tier[tier] = self.admits_by_tier.get(tier, 0) + 1
-        self.mean_estimate += ESTIMATE_SMOOTHING * (gpu_s - self.mean_estimate)
+        self.charges += 1  # a plain mean of the first charges (the prior counts until the first), then moving
+        self.mean_estimate += max(ESTIMATE_SMOOTHING, 1 / self.charges) * (gpu_s - self.mean_estimate)
         self.peak_own_gpu_s = max(self.peak_own_gpu_s, self.own_gpu_s)
 
-    def release(self, backend: Backend, tier: str, gpu_s: float) -> None:
+    def answering(self, backend: Backend) -> None:
+        """An own request's answer has begun: vLLM counts it from now on."""
+        backend.own_answering += 1
+
+    def release(self, backend: Backend, tier: str, gpu_s: float, answered: bool = False) -> None:
         backend.own_requests -= 1
+        backend.own_answering -= answered
         backend.own_gpu_s = max(0.0, backend.own_gpu_s - gpu_s) if backend.own_requests else 0.0
         left = self.own_by_tier.get(tier, 0.0) - gpu_s
         self.own_by_tier[tier] = left if left > 1e-12 else 0.0

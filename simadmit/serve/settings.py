@@ -14,7 +14,13 @@ from pathlib import Path
 
 from simadmit.admission.policies import AdmissionPolicy
 from simadmit.config.errors import InputError
-from simadmit.config.schema import GatewayHttpSpec, GpuSecondsSpec, ScenarioSpec, policy_name
+from simadmit.config.schema import (
+    GatewayHttpSpec,
+    GpuSecondsSpec,
+    PredictedTtftSpec,
+    ScenarioSpec,
+    policy_name,
+)
 from simadmit.serve.counting import LocalTokenizer
 from simadmit.sim.world import World, build_policy, build_world
 
@@ -77,6 +83,12 @@ def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: 
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     (policy_spec,) = [p for p in spec.policies if policy_name(p) == chosen]
+    if isinstance(policy_spec, PredictedTtftSpec) or getattr(policy_spec, "work", "admitted") == "remaining":
+        raise InputError(
+            [f"--policy {chosen}: the live gateway cannot run it yet: it needs each replica's step state "
+             "(prefill backlog, tokens decoded), which the gateway does not build from vLLM's /metrics; "
+             "choose a gpu_seconds policy counting admitted work, queue_depth or a baseline"]
+        )  # fmt: skip
     http = spec.gateway.http
     return ServeSettings(
         world=world,

@@ -62,6 +62,7 @@ class Exchange:
         stream: bool,
         learn_output: bool,
         on_done: Callable[[Exchange], None],
+        on_answer: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
         self.stream = stream
@@ -78,6 +79,8 @@ class Exchange:
         self.refused = False  # the backend could not be reached
         self.failure: Failure | None = None
         self.client_gone = False  # the client left before the end
+        self.answering = False  # the backend's answer has begun (a stream's first token): it is in its counts
+        self.on_answer = on_answer
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.task = asyncio.create_task(self._pump(client))
         self.task.add_done_callback(lambda _t: on_done(self))
@@ -92,13 +95,13 @@ class Exchange:
                 put(Head(status, response.headers.get("content-type", "application/json")))
                 if not self.learn_output or status != 200:
                     async for chunk in response.aiter_raw():
-                        put(chunk)
+                        self._body(chunk)
                 elif self.stream:
                     await self._pump_events(response)
                 else:
                     data = await response.aread()
                     self.output_tokens = _completion_tokens(data)
-                    put(data)
+                    self._body(data)
                 self.completed = status == 200
                 put(None)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
@@ -111,7 +114,7 @@ class Exchange:
 
     async def _pump_events(self, response: httpx.Response) -> None:
         """Pass server-sent events through one by one, reading the usage chunk's token count."""
-        put = self.queue.put_nowait
+        put = self._body
         buffer = b""
         async for chunk in response.aiter_raw():
             buffer += chunk
@@ -135,6 +138,14 @@ class Exchange:
             put(b"".join(out))
         if buffer:
             put(buffer)
+
+    def _body(self, chunk: bytes) -> None:
+        """A piece of the answer's body, to pass on; the first one says the backend has begun answering."""
+        if not self.answering:
+            self.answering = True
+            if self.on_answer is not None:
+                self.on_answer()
+        self.queue.put_nowait(chunk)
 
     def _fail(self, failure: Failure) -> None:
         if self.failure is None:

@@ -81,7 +81,14 @@ def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_
     assert len(req) == len(plan.workload) and (req["outcome"] == "completed").all()
     assert (req["output_tokens"] == plan.target_output).all()
     lag = req["arrival_s"] - req["scheduled_send_s"]
-    assert (lag >= 0).all() and lag.max() < 0.2, lag.max()  # open loop: 0.3 s answers never delay a send
+    assert (lag >= 0).all()  # never early
+    # Open loop: requests leave while earlier ones still wait for their 0.3 s answers (a closed loop would
+    # hold each send back until the previous answer); the send lag itself depends on how busy the machine
+    # is, so it is bounded only loosely, far below the 0.3 s per request a closed loop would pile up.
+    sent, done = req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()
+    in_flight = [int(((sent < t) & (done > t)).sum()) for t in sent]
+    assert max(in_flight) >= 2, in_flight
+    assert lag.max() < 0.25 * 0.3 * len(req) + 0.2, lag.max()
     assert np.allclose(req["scheduled_send_s"], plan.scheduled_s)
     assert (req["ttft_s"] >= 0.3).all() and (req["e2e_s"] > req["ttft_s"]).all()
     itl = (req["finish_s"] - req["first_token_s"]) / (req["output_tokens"] - 1)

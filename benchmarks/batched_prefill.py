@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fidelity import start_server  # noqa: E402
+from fidelity import isolate_engine, start_server  # noqa: E402
 
 from simadmit.config.profile import load_profile, prefill_attention_pairs  # noqa: E402
 
@@ -86,8 +86,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         url = args.endpoint or stack.enter_context(start_server(args.out))
-        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
-            os.sched_setaffinity(0, {1})  # beside the API server, off the engine's core
+        print(isolate_engine(), flush=True)
         rows = asyncio.run(measure(url, args.repeats))
     print(f"{os.getloadavg()[0]:.1f} load average; measured / predicted, median over {args.repeats} repeats")
     print("| T | k | prompt | first, alone | the other k-1 in one step |")

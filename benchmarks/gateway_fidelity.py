@@ -55,7 +55,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity import calibrate, cpu_model, markdown, start_server  # noqa: E402
+from benchmarks.fidelity import calibrate, cpu_model, isolate_engine, markdown, start_server  # noqa: E402
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
@@ -391,8 +391,7 @@ def main() -> None:
     rows = []
     with ExitStack() as stack:
         url = args.endpoint or stack.enter_context(start_server(args.out))
-        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
-            os.sched_setaffinity(0, {1})  # beside the API server, off the engine's core; gateways inherit it
+        print(isolate_engine(), flush=True)  # gateways and load client off the engine's core
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
         cap = args.capacity or capacity(url, profile, args.out)
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)

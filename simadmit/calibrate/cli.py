@@ -51,6 +51,7 @@ calibrate_app = typer.Typer(
     help="Measure a vLLM endpoint's cost model and write a calibration profile.",
 )
 _err = Console(stderr=True)
+MAX_BUDGET_S = 7 * 86400.0
 
 
 def parse_duration(text: str, option: str = "--budget") -> float:
@@ -140,10 +141,18 @@ def calibrate_command(
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
         if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
             problems.append(problem(None, "--max-num-batched-tokens", limits))
+        if out is not None and out.is_dir():
+            problems.append(
+                problem(out, None, "is a folder; give the profile's file, e.g. profiles/my-model.yaml")
+            )
         if problems:
             raise InputError(problems)
         assert out is not None
         budget_s = parse_duration(budget)
+        if budget_s > MAX_BUDGET_S:
+            raise InputError(
+                [problem(None, "--budget", f"{budget!r}: at most a week (the plan spreads over it)")]
+            )
         launch_timeout_s = parse_duration(launch_timeout, "--launch-timeout")
         cfg = CalibrationConfig(
             endpoint=endpoint or "",

@@ -113,11 +113,14 @@ class MeasurementLog:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            _drop_partial_last_line(self.path)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._file: IO[str] = self.path.open("a", newline="")
+        try:  # opened before the first request: a place that cannot be written costs no measurement
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                _drop_partial_last_line(self.path)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self._file: IO[str] = self.path.open("a", newline="")
+        except OSError as e:
+            raise InputError([problem(self.path, None, f"cannot write it ({e.strerror or e})")]) from None
         self._writer = csv.writer(self._file)
         if fresh:
             self._writer.writerow(COLUMNS)

@@ -272,6 +272,10 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         f"Calibrated by `simadmit calibrate` against {endpoint.model} at {endpoint.base_url}.\n"
         f"Raw measurements: {csv_path.name} (one row per request attempt)."
     )
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(profile, cfg.out, header)
+    try:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        save_profile(profile, cfg.out, header)
+    except OSError as e:
+        why = f"cannot write it ({e.strerror or e}); the measurements are kept in {csv_path}: rerun with --resume"
+        raise InputError([problem(cfg.out, None, why)]) from None
     return Calibration(profile, fit, csv_path, faults, runner.stats.gave_up, overhead.report())

@@ -11,10 +11,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import variant_spec
@@ -23,13 +25,14 @@ from simadmit.sim.world import build_world
 from simadmit.workload.check import check_workload
 
 MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
+MAX_REPLICATIONS = 1_000  # seeds of one run or point: intervals settle long before, and each run is kept
 
 
-def fail(problems: list[str]) -> None:
+def fail(problems: list[str]) -> NoReturn:
     """Print one line per problem to stderr and exit 2."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in problems:
-        err.print(f"[red]error:[/red] {line}", markup=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    for line in problems:  # the line as written: `a:b:3` is no emoji code, `[x]` no markup
+        err.print(Text.assemble(("error:", "red"), " ", line))
     raise typer.Exit(2)
 
 

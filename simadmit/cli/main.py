@@ -21,7 +21,7 @@ from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import gateway, replay, study
-from simadmit.cli.common import LazyProgress, check_seed, fail, preflight
+from simadmit.cli.common import MAX_REPLICATIONS, LazyProgress, check_seed, fail, preflight
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -56,7 +56,10 @@ def simulate(
         int | None, typer.Option(help="seed of the first replication (default: the scenario's)")
     ] = None,
     replications: Annotated[
-        int, typer.Option(min=1, help="runs with seeds seed..seed+n-1, for confidence intervals")
+        int,
+        typer.Option(
+            min=1, max=MAX_REPLICATIONS, help="runs with seeds seed..seed+n-1, for confidence intervals"
+        ),
     ] = 1,
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
 ) -> None:

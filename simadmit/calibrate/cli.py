@@ -21,7 +21,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.calibrate.deadline import BudgetSpent, within_budget
+from simadmit.calibrate.deadline import BudgetSpent, stall_after_s, within_budget
 from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import EndpointLost, RunnerSettings
@@ -169,8 +169,9 @@ def calibrate_command(
             workload_prompts=workload_prompt_lengths(workload) if workload else (),
         )
         console = Console(stderr=False)
+        stall_s = stall_after_s(cfg.runner.request_timeout_s)
         if launch is None:
-            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, console))
+            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, stall_s))
         else:
             # The server's log stays after the run: it is where to look when start-up fails.
             log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
@@ -178,7 +179,7 @@ def calibrate_command(
             with launched_server(launch, vllm_args, python, log, launch_timeout_s) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
                 run = calibrate(replace(cfg, endpoint=url), console)
-                result = asyncio.run(within_budget(run, budget_s, console))
+                result = asyncio.run(within_budget(run, budget_s, stall_s))
         print_calibration(result, console)
     except InputError as e:
         fail(e.problems)

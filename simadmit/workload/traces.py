@@ -149,8 +149,7 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
                 for n, v in zip(names, values, strict=True):
                     raw[n].append(v)
     except UnicodeDecodeError:
-        after = f" (after line {where[-1].split()[-1]})" if where else ""
-        raise InputError([problem(path, None, f"not a UTF-8 text file{after}")]) from None
+        raise InputError([problem(path, None, "not a UTF-8 text file")]) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz
         raise InputError([problem(path, None, f"cannot read it ({e})")]) from None
     return raw, where

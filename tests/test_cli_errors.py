@@ -14,6 +14,7 @@ import gzip
 import json
 import math
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simadmit.config.errors import InputError
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -816,3 +818,32 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
     assert_outcome(simadmit(*args), case.code, case.fragment.format(**inputs))
+
+
+def test_input_error_crosses_process_boundaries_whole() -> None:
+    """Workers send errors back pickled: the lines arrive as lines, the message as it was."""
+    error = InputError(["a.yaml: workload.rate_rps: must be > 0", "b.csv: line 4: not a number"])
+    copied = pickle.loads(pickle.dumps(error))
+    assert type(copied) is InputError
+    assert copied.problems == error.problems and str(copied) == str(error)
+
+
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path: Path) -> None:
+    """Only the worker that runs a grid point reads that point's trace: its malformed row comes back from
+    the worker process (or the Ray task) as the same one line `simulate` prints, with exit code 2, and no
+    traceback from the worker or from the other tasks the sweep then stops."""
+    if backend == "ray":
+        pytest.importorskip("ray", reason="Ray is an optional extra")
+    (tmp_path / "good.csv").write_text(AZURE_OK)
+    (tmp_path / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
+    doc = copy.deepcopy(BASE)
+    _trace_workload("good.csv")(doc)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    result = simadmit(
+        "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv,bad.csv",
+        "--jobs", "2", "--backend", backend, "--out", str(tmp_path / "out"), timeout=180,
+    )  # fmt: skip
+    assert_outcome(result, 2, "bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1")
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr

@@ -7,6 +7,7 @@ and how much of its time budget they used.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -123,15 +124,27 @@ class MeasurementLog:
             raise InputError([problem(self.path, None, f"cannot write it ({e.strerror or e})")]) from None
         self._writer = csv.writer(self._file)
         if fresh:
-            self._writer.writerow(COLUMNS)
-            self._file.flush()
+            self._write(COLUMNS)
 
     def append(self, m: Measurement) -> None:
-        self._writer.writerow([_format(v) for v in astuple(m)])
-        self._file.flush()
+        self._write([_format(v) for v in astuple(m)])
+
+    def _write(self, row: list[str]) -> None:
+        """One line, flushed; a full disk stops the run with the lines already written kept for --resume
+        (a line cut short is dropped when the file is opened again)."""
+        try:
+            self._writer.writerow(row)
+            self._file.flush()
+        except OSError as e:
+            why = (
+                f"cannot write it ({e.strerror or e}); the rows written so far are kept: rerun with --resume"
+            )
+            raise InputError([problem(self.path, None, why)]) from None
 
     def close(self) -> None:
-        self._file.close()
+        # Every line was flushed as written: only a line a write error already reported can be pending.
+        with contextlib.suppress(OSError):
+            self._file.close()
 
     def __enter__(self) -> Self:
         return self

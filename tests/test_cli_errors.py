@@ -847,3 +847,24 @@ def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path:
     assert_outcome(result, 2, "bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1")
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+
+
+USAGE_MISTAKES = [
+    ("simulate", "--replications", "0"),
+    ("simulate", "--bogus"),
+    ("sweep", "--jobs", "many"),
+    ("gateway", "--backend", "http://127.0.0.1:1", "--port", "0"),
+    ("replay",),
+    ("nosuch",),
+]
+
+
+@pytest.mark.parametrize("args", USAGE_MISTAKES, ids=["-".join(a) for a in USAGE_MISTAKES])
+def test_command_line_mistakes_are_one_line(args: tuple[str, ...]) -> None:
+    """The command line's own checks (types, ranges, unknown options and commands) speak like every other
+    input error: one `error:` line, pointing to the help, and exit code 2."""
+    result = simadmit(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help)" in lines[0], result.stderr

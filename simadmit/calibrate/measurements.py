@@ -11,7 +11,7 @@ import contextlib
 import csv
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
@@ -129,7 +129,7 @@ class MeasurementLog:
     def append(self, m: Measurement) -> None:
         self._write([_format(v) for v in astuple(m)])
 
-    def _write(self, row: list[str]) -> None:
+    def _write(self, row: Sequence[str]) -> None:
         """One line, flushed; a full disk stops the run with the lines already written kept for --resume
         (a line cut short is dropped when the file is opened again)."""
         try:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.text import Text
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # Typer's own copy of Click
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import variant_spec
@@ -30,10 +31,35 @@ MAX_REPLICATIONS = 1_000  # seeds of one run or point: intervals settle long bef
 
 def fail(problems: list[str]) -> NoReturn:
     """Print one line per problem to stderr and exit 2."""
+    print_problems(problems)
+    raise typer.Exit(2)
+
+
+def print_problems(problems: list[str]) -> None:
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     for line in problems:  # the line as written: `a:b:3` is no emoji code, `[x]` no markup
         err.print(Text.assemble(("error:", "red"), " ", line))
-    raise typer.Exit(2)
+
+
+class App(typer.Typer):
+    """The `simadmit` app: a mistake on the command line itself (an unknown option, a value out of range)
+    is one `error:` line and exit code 2 like every other input error, not a framed panel."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if "standalone_mode" in kwargs:
+            return super().__call__(*args, **kwargs)
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError:  # the help is already printed
+            sys.exit(2)
+        except UsageError as e:
+            hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            print_problems([e.format_message() + hint])
+            sys.exit(e.exit_code)
+        except typer.Abort:  # what Typer does by itself
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def check_seed(seed: int | None, replications: int = 1, option: str = "--seed") -> None:

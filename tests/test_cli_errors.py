@@ -481,6 +481,11 @@ CALIBRATE_CASES = [
         fragment="stopped at the time budget (3s): 2 requests were still waiting on the server",
     ),
     CalibrateCase(
+        "resume-a-binary-measurements-file",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/binary-run.yaml", "--resume"),
+        fragment="binary-run.measurements.csv: not a measurements file (not UTF-8 text)",
+    ),
+    CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
         server="error",
@@ -526,9 +531,9 @@ CALIBRATE_CASES = [
 
 
 @pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
-def test_calibrate_input(case: CalibrateCase, tmp_path: Path) -> None:
+def test_calibrate_input(case: CalibrateCase, tmp_path: Path, inputs: dict[str, str]) -> None:
     with FakeVllm(then=case.server) as server:
-        args = [a.format(url=server.url, tmp=tmp_path) for a in case.args]
+        args = [a.format(**inputs, url=server.url, tmp=tmp_path) for a in case.args]
         result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
     if case.code == 1:  # a run that stopped: one line saying why, never a traceback
         assert "Traceback" not in result.stdout + result.stderr
@@ -793,6 +798,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "ok.yaml").write_text(text)
     (root / "bom-crlf.yaml").write_text("\ufeff" + text.replace("\n", "\r\n") + "\r\n\r\n")
     (root / "binary.yaml").write_bytes(bytes(range(256)))
+    (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
     (root / "folder").mkdir()
     (root / "damaged").mkdir()

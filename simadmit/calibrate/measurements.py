@@ -74,7 +74,10 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     path = Path(path)
     if not path.exists():
         return []
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise InputError([problem(path, None, "not a measurements file (not UTF-8 text)")]) from None
     if not text.endswith("\n"):  # a line cut short by a crash mid-write: drop it, keep the rest
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text, newline=""))

@@ -19,8 +19,8 @@ class InputError(Exception):
         super().__init__("\n".join(self.problems))
 
     def __reduce__(self) -> tuple[type[InputError], tuple[list[str]]]:
-        # Rebuilt from its lines, not from the joined message (which would split into characters), so it
-        # crosses from a worker process (multiprocessing, Ray) to the command intact.
+        # Rebuilt from its lines when it crosses from a worker process to the command: by default pickle
+        # would call __init__ with the joined message (one problem per character) and patch it afterwards.
         return (type(self), (self.problems,))
 
 

@@ -9,15 +9,23 @@ exits 1.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from simadmit.calibrate.deadline import grace_s
+import pytest
+from rich.console import Console
+
+from simadmit.calibrate.deadline import BudgetSpent, grace_s, stall_after_s, within_budget
 from simadmit.calibrate.measurements import measurements_path, read_measurements
+from simadmit.calibrate.phases import RunnerSettings
+from simadmit.calibrate.run import CalibrationConfig, calibrate
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,13 +51,20 @@ def test_a_hung_server_ends_the_run_at_its_budget_keeping_what_was_measured(tmp_
     assert "Traceback" not in output, output
     assert result.returncode == 1, output
     assert ran_s < budget_s + grace_s(budget_s) + TEARDOWN_S, (ran_s, output)
-    # the hung requests were seen as such while the run went on, and named when it stopped
-    assert "stalled: 2 of 2 requests without a byte from the server" in result.stdout, result.stdout
+    # One line says why the run stopped and what still hung: 1 or 2 requests, as the hang caught the plan in
+    # a cell of concurrency 1 or 2 (which depends on how fast the first requests went); one line sums up the
+    # stalls the bar counted while it ran, and they are the same requests.
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert (
-        "stopped at the time budget" in lines[0] and "2 requests were still waiting on the server" in lines[0]
+    waiting = re.search(
+        r"stopped at the time budget .*: (\d+) requests were still waiting on the server", lines[0]
     )
+    assert waiting, lines[0]
+    hung = int(waiting.group(1))
+    assert 1 <= hung <= 2
+    stalled = [line for line in result.stdout.splitlines() if line.startswith("stalled: ")]
+    assert len(stalled) == 1, result.stdout
+    assert f"stalled: {hung} of {hung} requests without a byte from the server" in stalled[0], result.stdout
     assert f"{ok_first} requests measured" in lines[0] and "--resume" in lines[0]
     rows = read_measurements(measurements_path(out))
     assert sum(r.ok for r in rows) == ok_first
@@ -79,3 +94,29 @@ def test_ctrl_c_against_a_hung_server_is_one_line_and_exit_130(tmp_path: Path) -
         f"interrupted: measurements kept in {measurements_path(out)}; rerun with --resume to continue"
     ]
     assert sum(r.ok for r in read_measurements(measurements_path(out))) == 4
+
+
+def test_the_progress_bar_counts_the_stalled_requests_and_one_line_sums_them_up(tmp_path: Path) -> None:
+    """On a terminal, the bar's `calibration` row shows how many requests have gone silent past the
+    threshold (a third of the request time-out here: 2 s), from the moment they do; the frames before that
+    show none. When the run ends, one line (not one per frame or per request) says what stalled."""
+    request_timeout_s = 6.0
+    stall_s = stall_after_s(request_timeout_s)
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=200, color_system=None)
+    with FakeVllm(then="hang", ok_first=3) as server:
+        cfg = CalibrationConfig(
+            endpoint=server.url, out=tmp_path / "p.yaml", budget_s=4.0, max_concurrency=2,
+            runner=RunnerSettings(request_timeout_s=request_timeout_s),
+        )  # fmt: skip
+        with pytest.raises(BudgetSpent):
+            asyncio.run(within_budget(calibrate(cfg, console), cfg.budget_s, stall_s))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", screen.getvalue())  # cursor moves between frames
+    rows = [line for line in text.splitlines() if line.lstrip().startswith("calibration ")]
+    counts = [int(m.group(1)) if (m := re.search(r"(\d+) stalled\s*$", r)) else 0 for r in rows]
+    assert counts and counts[0] == 0, rows[:3]  # nothing stalled at the start
+    assert max(counts) >= 1, rows[-3:]  # the hung requests are counted in the bar
+    summary = [line for line in text.splitlines() if line.startswith("stalled: ")]
+    assert len(summary) == 1, summary
+    assert f"without a byte from the server for {stall_s:g} s or more" in summary[0]
+    assert f"stalled: {max(counts)} of " in summary[0]  # the most at once, as the bar showed it

@@ -10,18 +10,22 @@ user wrote (the output fragment shows it).
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import math
 import os
+import pickle
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
 
+from simadmit.config.errors import InputError
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +111,7 @@ class Case:
     id: str
     mutate: Callable[[dict], None] = lambda d: None
     args: tuple[str, ...] = ()
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
     code: int = 2
     fragment: str = ""
     scenario_text: str | None = None  # "default": run the bundled default scenario instead of BASE
@@ -185,6 +189,53 @@ SIM_CASES = [
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\nbad,1,1\n"},
         code=0,
         fragment="skipped 2 malformed rows",
+    ),
+    Case(
+        "trace-bom-crlf-trailing-blank-lines",
+        _trace_workload(),
+        files={"trace.csv": "\ufeff" + AZURE_OK.replace("\n", "\r\n") + "\r\n\r\n"},
+        code=0,
+        fragment="2 simulated requests",  # a spreadsheet export: the header is found, blank lines skipped
+    ),
+    Case(
+        "trace-jsonl-bom-crlf",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": "\ufeff" + MOONCAKE_OK.replace("\n", "\r\n") * 2 + "\r\n"},
+        code=0,
+        fragment="2 simulated requests",
+    ),
+    Case(
+        "trace-binary",
+        _trace_workload(),
+        files={"trace.csv": AZURE_HEADER.encode() + bytes(range(128, 256))},
+        fragment="trace.csv: not a UTF-8 text file",
+    ),
+    Case(
+        "trace-parquet-damaged",
+        _trace_workload("trace.parquet"),
+        files={"trace.parquet": b"PAR1 not really"},
+        fragment="trace.parquet: not a readable Parquet file",
+    ),
+    Case(
+        "trace-gzip-truncated",
+        _trace_workload("trace.csv.gz"),
+        files={"trace.csv.gz": gzip.compress(AZURE_OK.encode())[:30]},
+        fragment="trace.csv.gz: cannot read it",
+    ),
+    Case(
+        "policy-kind-unknown",
+        _set("policies.0", {"kind": "fifo"}),
+        fragment="policies.0: Input tag 'fifo' found using 'kind' does not match any of the expected tags",
+    ),
+    Case(
+        "policies-not-a-list",
+        _set("policies", {"kind": "unconditional"}),
+        fragment="policies: Input should be a valid list",
+    ),
+    Case(
+        "replications-huge",
+        args=("--replications", str(10**20)),
+        fragment="Invalid value for '--replications'",  # the command line's own check, before anything runs
     ),
     # --- values ---
     Case(
@@ -332,8 +383,11 @@ SIM_CASES = [
 
 
 def _write_scenario(case: Case, tmp_path: Path) -> Path:
-    for name, text in case.files.items():
-        (tmp_path / name).write_text(text)
+    for name, content in case.files.items():
+        if isinstance(content, bytes):
+            (tmp_path / name).write_bytes(content)
+        else:
+            (tmp_path / name).write_text(content)
     if case.scenario_text == "default":
         return ROOT / "scenarios" / "default.yaml"
     doc = copy.deepcopy(BASE)
@@ -427,6 +481,11 @@ CALIBRATE_CASES = [
         fragment="stopped at the time budget (3s): 2 requests were still waiting on the server",
     ),
     CalibrateCase(
+        "resume-a-binary-measurements-file",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/binary-run.yaml", "--resume"),
+        fragment="binary-run.measurements.csv: not a measurements file (not UTF-8 text)",
+    ),
+    CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
         server="error",
@@ -472,9 +531,9 @@ CALIBRATE_CASES = [
 
 
 @pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
-def test_calibrate_input(case: CalibrateCase, tmp_path: Path) -> None:
+def test_calibrate_input(case: CalibrateCase, tmp_path: Path, inputs: dict[str, str]) -> None:
     with FakeVllm(then=case.server) as server:
-        args = [a.format(url=server.url, tmp=tmp_path) for a in case.args]
+        args = [a.format(**inputs, url=server.url, tmp=tmp_path) for a in case.args]
         result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
     if case.code == 1:  # a run that stopped: one line saying why, never a traceback
         assert "Traceback" not in result.stdout + result.stderr
@@ -496,3 +555,322 @@ def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
     result = simadmit(args[0], "default", *args[1:], "--out", str(tmp_path / "out"))
     assert_outcome(result, 2, "--seed: must be a whole number from 0")
     assert not (tmp_path / "out").exists()
+
+
+# --- every other command, as a new user mistypes it ---------------------------------------------------
+# Arguments are formatted with: {in} a folder of inputs (ok.yaml: a valid tiny scenario; binary.yaml; a
+# folder; a top-level list; a damaged Parquet), {tmp} the test's own folder, {sim} and {other} the
+# `simulate --out` folders of ok.yaml and of ok.yaml at twice the rate, {refused} a URL nobody listens on,
+# {busy} a port something already listens on.
+
+
+@dataclass(frozen=True)
+class CommandCase:
+    id: str
+    args: tuple[str, ...]
+    code: int = 2
+    fragment: str = ""
+
+
+COMMAND_CASES = [
+    CommandCase(
+        "simulate-binary-scenario", ("simulate", "{in}/binary.yaml"), fragment="binary.yaml: not a text file"
+    ),
+    CommandCase(
+        "simulate-folder-as-scenario",
+        ("simulate", "{in}/folder"),
+        fragment="folder: is a folder, not a scenario",
+    ),
+    CommandCase(
+        "simulate-list-scenario",
+        ("simulate", "{in}/list.yaml"),
+        fragment="list.yaml: a scenario must be a YAML",
+    ),
+    CommandCase(
+        "simulate-bom-crlf-scenario",
+        ("simulate", "{in}/bom-crlf.yaml", "--out", "{tmp}/run"),
+        code=0,
+        fragment="simulated requests",
+    ),
+    CommandCase(
+        "simulate-out-is-a-device",
+        ("simulate", "{in}/ok.yaml", "--out", "/dev/full"),
+        fragment="/dev/full: is a file, not a folder",
+    ),
+    CommandCase(
+        "sweep-range-huge",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1:2:1000000000", "--out", "{tmp}/s"),
+        fragment="1,000,000,000 values; a sweep runs at most 10,000 points",
+    ),
+    CommandCase(
+        "sweep-grid-huge",
+        (
+            "sweep",
+            "{in}/ok.yaml",
+            "--param",
+            "workload.rate_rps=1:2:200",
+            "--param",
+            "workload.warmup_s=0:1:200",
+            "--out",
+            "{tmp}/s",
+        ),
+        fragment="--param: 200 x 200: a sweep runs at most 10,000 points",
+    ),  # fmt: skip
+    CommandCase(
+        "sweep-value-is-printed-as-typed",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=a:b:3", "--out", "{tmp}/s"),
+        fragment="--param workload.rate_rps=a:b:3: ",  # not an emoji, not markup
+    ),
+    CommandCase(
+        "sweep-binary-scenario",
+        ("sweep", "{in}/binary.yaml", "--param", "workload.rate_rps=1,2", "--out", "{tmp}/s"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "sweep-replications-huge",
+        (
+            "sweep",
+            "{in}/ok.yaml",
+            "--param",
+            "workload.rate_rps=1,2",
+            "--replications",
+            "5000",
+            "--out",
+            "{tmp}/s",
+        ),
+        fragment="Invalid value for '--replications'",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-negative-load",
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--loads",
+            "1,-2",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--loads: 1,-2: expected comma-separated multipliers above 0",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-infinite-load",
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--loads",
+            "inf",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--loads: inf: expected comma-separated multipliers above 0",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-unknown-objective",
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--objective",
+            "speed",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--objective: speed: expected one of goodput",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-folder-as-scenario",
+        ("optimize", "{in}/folder", "--slo", "interactive.ttft_p99<=3s", "--out", "{tmp}/o"),
+        fragment="folder: is a folder, not a scenario file",
+    ),
+    CommandCase("plot-a-file", ("plot", "{in}/ok.yaml"), fragment="ok.yaml: not a directory"),
+    CommandCase(
+        "plot-binary-scenario",
+        ("plot", "{sim}", "--scenario", "{in}/binary.yaml"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "plot-folder-without-manifest",
+        ("plot", "{in}/damaged"),
+        fragment="damaged: incomplete folder: no manifest.json",
+    ),
+    CommandCase(
+        "replay-connection-refused",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
+        fragment="connection refused (is the server running on that port?)",
+    ),
+    CommandCase(
+        "replay-out-is-a-file",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--out", "{in}/ok.yaml"),
+        fragment="ok.yaml: is a file, not a folder",  # refused before anything is sent
+    ),
+    CommandCase(
+        "replay-binary-scenario",
+        ("replay", "{in}/binary.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "replay-not-a-url",
+        ("replay", "{in}/ok.yaml", "--endpoint", "localhost:8000", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'localhost:8000' is not an http(s) URL",
+    ),
+    CommandCase(
+        "compare-different-scenarios",
+        ("compare", "{sim}", "{other}"),
+        fragment="other: not the request list of",
+    ),
+    CommandCase(
+        "compare-damaged-parquet",
+        ("compare", "{in}/damaged", "{sim}"),
+        fragment="damaged/requests.parquet: not a requests table of simulate or replay",
+    ),
+    CommandCase(
+        "compare-foreign-table",
+        ("compare", "{in}/foreign", "{sim}"),
+        fragment="foreign/requests.parquet: not a requests table of simulate or replay (no column",
+    ),
+    CommandCase(
+        "compare-warmup-nan", ("compare", "{sim}", "{sim}", "--warmup", "nan"), fragment="--warmup: must be 0"
+    ),
+    CommandCase(
+        "compare-out-is-a-file",
+        ("compare", "{sim}", "{sim}", "--out", "{in}/ok.yaml"),
+        fragment="ok.yaml: is a file, not a folder",
+    ),
+    CommandCase(
+        "gateway-port-out-of-range",
+        ("gateway", "--backend", "{refused}", "--port", "99999"),
+        fragment="Invalid value for '--port'",
+    ),
+    CommandCase(
+        "gateway-port-in-use",
+        ("gateway", "--backend", "{refused}", "--host", "127.0.0.1", "--port", "{busy}"),
+        fragment="--host 127.0.0.1 --port {busy}: cannot listen there (Address already in use)",
+    ),
+    CommandCase(
+        "gateway-binary-scenario",
+        ("gateway", "--backend", "{refused}", "--scenario", "{in}/binary.yaml"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "gateway-binary-profile",
+        ("gateway", "--backend", "{refused}", "--profile", "{in}/binary.yaml"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "calibrate-out-is-a-folder",
+        ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
+        fragment="folder: is a folder; give the profile's file",
+    ),
+    CommandCase(
+        "calibrate-budget-huge",
+        ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--budget", "99999h"),
+        fragment="--budget: '99999h': at most a week",
+    ),
+    CommandCase(
+        "calibrate-binary-workload",
+        ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--workload", "{in}/binary.yaml"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "calibrate-check-binary-profile",
+        ("calibrate", "check", "{in}/binary.yaml", "--endpoint", "{refused}"),
+        fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "calibrate-check-folder-as-profile",
+        ("calibrate", "check", "{in}/folder", "--endpoint", "{refused}"),
+        fragment="folder: is a folder, not a calibration profile file",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The files, folders, runs and ports the command cases refer to."""
+    root = tmp_path_factory.mktemp("inputs")
+    doc = copy.deepcopy(BASE)
+    text = yaml.safe_dump(doc, sort_keys=False)
+    (root / "ok.yaml").write_text(text)
+    (root / "bom-crlf.yaml").write_text("\ufeff" + text.replace("\n", "\r\n") + "\r\n\r\n")
+    (root / "binary.yaml").write_bytes(bytes(range(256)))
+    (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
+    (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "folder").mkdir()
+    (root / "damaged").mkdir()
+    (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")
+    for name, rate in (("sim", 4), ("other", 8)):
+        ran = simadmit(
+            "simulate", str(root / "ok.yaml"), "--out", str(root / name), "--set", f"workload.rate_rps={rate}"
+        )
+        assert ran.returncode == 0, ran.stderr
+    (root / "foreign").mkdir()
+    (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
+    with socket.socket() as free, socket.socket() as busy:
+        free.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield {
+            "in": str(root), "sim": str(root / "sim"), "other": str(root / "other"),
+            "refused": f"http://127.0.0.1:{free.getsockname()[1]}", "busy": str(busy.getsockname()[1]),
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
+def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
+    args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
+    assert_outcome(simadmit(*args), case.code, case.fragment.format(**inputs))
+
+
+def test_input_error_crosses_process_boundaries_whole() -> None:
+    """Workers send errors back pickled: the lines arrive as lines, the message as it was."""
+    error = InputError(["a.yaml: workload.rate_rps: must be > 0", "b.csv: line 4: not a number"])
+    copied = pickle.loads(pickle.dumps(error))
+    assert type(copied) is InputError
+    assert copied.problems == error.problems and str(copied) == str(error)
+
+
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path: Path) -> None:
+    """Only the worker that runs a grid point reads that point's trace: its malformed row comes back from
+    the worker process (or the Ray task) as the same one line `simulate` prints, with exit code 2, and no
+    traceback from the worker or from the other tasks the sweep then stops."""
+    if backend == "ray":
+        pytest.importorskip("ray", reason="Ray is an optional extra")
+    (tmp_path / "good.csv").write_text(AZURE_OK)
+    (tmp_path / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
+    doc = copy.deepcopy(BASE)
+    _trace_workload("good.csv")(doc)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    result = simadmit(
+        "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv,bad.csv",
+        "--jobs", "2", "--backend", backend, "--out", str(tmp_path / "out"), timeout=180,
+    )  # fmt: skip
+    assert_outcome(result, 2, "bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1")
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+
+
+USAGE_MISTAKES = [
+    ("simulate", "--replications", "0"),
+    ("simulate", "--bogus"),
+    ("sweep", "--jobs", "many"),
+    ("gateway", "--backend", "http://127.0.0.1:1", "--port", "0"),
+    ("replay",),
+    ("nosuch",),
+]
+
+
+@pytest.mark.parametrize("args", USAGE_MISTAKES, ids=["-".join(a) for a in USAGE_MISTAKES])
+def test_command_line_mistakes_are_one_line(args: tuple[str, ...]) -> None:
+    """The command line's own checks (types, ranges, unknown options and commands) speak like every other
+    input error: one `error:` line, pointing to the help, and exit code 2."""
+    result = simadmit(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help)" in lines[0], result.stderr

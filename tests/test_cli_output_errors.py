@@ -4,11 +4,14 @@ the path, exit code 2, no traceback, and nothing simulated first."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.console import run
+from tests.console import command as console_command
+from tests.console import env, run
+from tests.fake_vllm import FakeVllm
 
 SHORT = ("--set", "workload.duration_s=5", "--set", "workload.warmup_s=1")
 
@@ -36,15 +39,99 @@ def test_out_below_a_file(tmp_path: Path) -> None:
     _clean_failure(run("simulate", "--out", str(tmp_path / "f" / "run"), *SHORT), "is a file, not a folder")
 
 
-def test_out_without_permission(tmp_path: Path) -> None:
-    """Permission denied (tests/test_outputs.py injects the same error for root, who may write anywhere)."""
-    if os.geteuid() == 0:
-        pytest.skip("root ignores directory permissions")
+def _bound_by_permissions() -> list[str]:
+    """A prefix that makes the command obey file permissions: none for a user; for root, `setpriv` without
+    the capabilities that let root write anywhere (root still reads its own files, such as the Python it
+    runs from, which a switch to `nobody` could not)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30, check=False)
+    except FileNotFoundError:
+        probe = None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("running as root, and setpriv cannot drop the capability to write anywhere")
+    return prefix
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep", "optimize", "calibrate"])
+def test_out_without_permission(tmp_path: Path, command: str) -> None:
+    """Permission denied, for real (a folder of mode 555), before anything runs or is measured."""
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    result = run("simulate", "--out", str(locked / "run"), *SHORT)
-    _clean_failure(result, f"{locked / 'run'}: cannot write in {locked} (Permission denied)")
+    prefix = _bound_by_permissions()
+    with FakeVllm() as server:
+        args = {
+            "simulate": ("simulate", "--out", str(locked / "run"), *SHORT),
+            "sweep": ("sweep", "--param", "workload.rate_multiplier=1", "--out", str(locked / "run")),
+            "optimize": ("optimize", "--slo", "interactive.ttft_p99<=3s", "--out", str(locked / "run")),
+            "calibrate": ("calibrate", "--endpoint", server.url, "--out", str(locked / "p.yaml")),
+        }[command]
+        result = subprocess.run([*prefix, *console_command(), *args], capture_output=True, text=True, env=env(),
+                                timeout=300, check=False)  # fmt: skip
+    if command == "calibrate":
+        _clean_failure(result, f"{locked / 'p.measurements.csv'}: cannot write it (Permission denied)")
+        assert server.completions == 0  # nothing measured, nothing lost
+    else:
+        _clean_failure(result, f"{locked / 'run'}: cannot write in {locked} (Permission denied)")
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        result.stderr.strip()
+    ]  # one line
+    assert list(locked.iterdir()) == []
+
+
+def _on_a_full_disk(tmp_path: Path, kilobytes: int, script: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell script with `$FULL` a folder on a tmpfs of this size (in a mount namespace of its own,
+    gone when the script ends); skip where mounting is not allowed."""
+    full = tmp_path / "full"
+    full.mkdir()
+    mount = f"mount -t tmpfs -o size={kilobytes}k tmpfs {full} || exit 99; FULL={full}; {script}"
+    try:
+        result = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True, env=env(),
+                                timeout=300, check=False)  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare to mount a small file system")
+    if result.returncode == 99:
+        pytest.skip("not allowed to mount a small file system")
+    return result
+
+
+def test_a_full_disk_leaves_the_run_folder_as_it_was(tmp_path: Path) -> None:
+    """No space left while writing the tables: one line naming the folder, and no half-written folder."""
+    cmd = " ".join(console_command())
+    result = _on_a_full_disk(
+        tmp_path, 16, f"{cmd} simulate --out $FULL/run {' '.join(SHORT)}; echo exit=$?; ls -A $FULL"
+    )
+    lines = result.stdout.strip().splitlines()
+    assert "exit=2" in lines, result.stdout + result.stderr
+    assert lines[-1] == "exit=2"  # and `ls -A` printed nothing: no temporary folder left behind
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(errors) == 1 and "No space left on device" in errors[0] and "the folder is as it was" in errors[0]
+    )
+
+
+def test_a_full_disk_stops_a_calibration_keeping_its_rows(tmp_path: Path) -> None:
+    """The measurements file fills the disk mid-run: one line, exit 2, and the rows written so far stay."""
+    cmd = " ".join(console_command())
+    kept = tmp_path / "kept.csv"
+    with FakeVllm() as server:
+        result = _on_a_full_disk(
+            tmp_path, 4, f"{cmd} calibrate --endpoint {server.url} --out $FULL/p.yaml --budget 30s "
+            f"--max-concurrency 2 >/dev/null; echo exit=$?; cp $FULL/p.measurements.csv {kept}",
+        )  # fmt: skip
+    assert result.stdout.strip() == "exit=2", result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"{tmp_path / 'full' / 'p.measurements.csv'}: cannot write it (No space left on device); the rows "
+        "written so far are kept: rerun with --resume"
+    ]
+    rows = kept.read_text().splitlines()
+    assert rows[0].startswith("phase,concurrency,seq,")
+    assert len(rows) > 2  # the header and the measurements that fitted
 
 
 def test_out_holding_other_files_is_not_replaced(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.calibrate.deadline import BudgetSpent, within_budget
+from simadmit.calibrate.deadline import BudgetSpent, stall_after_s, within_budget
 from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import EndpointLost, RunnerSettings
@@ -51,6 +51,7 @@ calibrate_app = typer.Typer(
     help="Measure a vLLM endpoint's cost model and write a calibration profile.",
 )
 _err = Console(stderr=True)
+MAX_BUDGET_S = 7 * 86400.0
 
 
 def parse_duration(text: str, option: str = "--budget") -> float:
@@ -140,10 +141,18 @@ def calibrate_command(
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
         if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
             problems.append(problem(None, "--max-num-batched-tokens", limits))
+        if out is not None and out.is_dir():
+            problems.append(
+                problem(out, None, "is a folder; give the profile's file, e.g. profiles/my-model.yaml")
+            )
         if problems:
             raise InputError(problems)
         assert out is not None
         budget_s = parse_duration(budget)
+        if budget_s > MAX_BUDGET_S:
+            raise InputError(
+                [problem(None, "--budget", f"{budget!r}: at most a week (the plan spreads over it)")]
+            )
         launch_timeout_s = parse_duration(launch_timeout, "--launch-timeout")
         cfg = CalibrationConfig(
             endpoint=endpoint or "",
@@ -160,8 +169,9 @@ def calibrate_command(
             workload_prompts=workload_prompt_lengths(workload) if workload else (),
         )
         console = Console(stderr=False)
+        stall_s = stall_after_s(cfg.runner.request_timeout_s)
         if launch is None:
-            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, console))
+            result = asyncio.run(within_budget(calibrate(cfg, console), budget_s, stall_s))
         else:
             # The server's log stays after the run: it is where to look when start-up fails.
             log = Path(tempfile.gettempdir()) / f"simadmit-vllm-{out.stem}.log"
@@ -169,7 +179,7 @@ def calibrate_command(
             with launched_server(launch, vllm_args, python, log, launch_timeout_s) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
                 run = calibrate(replace(cfg, endpoint=url), console)
-                result = asyncio.run(within_budget(run, budget_s, console))
+                result = asyncio.run(within_budget(run, budget_s, stall_s))
         print_calibration(result, console)
     except InputError as e:
         fail(e.problems)

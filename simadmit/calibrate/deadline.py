@@ -5,8 +5,8 @@ its worker until the request time-out. `within_budget` stops the run at the budg
 the server has gone silent (no headers or bytes for any request for `STALL_S`), whatever it does: every
 attempt already measured is in the CSV, and `BudgetSpent` says what was still waiting. A server still
 answering may finish the plan's minimum requests (they are owed whatever the budget), up to a hard cap of
-twice the budget plus a minute. While it runs, requests silent for a while are reported above the
-progress bar, so a stalled server is seen as stalled rather than as slow progress.
+twice the budget plus a minute. While it runs, the progress bar counts the requests silent for a while
+(`Stalls`), so a stalled server is seen as stalled rather than as slow progress.
 """
 
 from __future__ import annotations
@@ -17,13 +17,42 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from rich.console import Console
-
 from simadmit.calibrate.client import IN_FLIGHT
 
 T = TypeVar("T")
 STALL_S = 10.0  # a request (or the server) silent this long is stalled
-REPORT_EVERY_S = 10.0  # at most one stall line per this many seconds, while the stall lasts
+
+
+def stall_after_s(request_timeout_s: float) -> float:
+    """Silence after which a request counts as stalled: `STALL_S`, or a third of the request time-out
+    when that is shorter, so a stall shows before the time-out ends it."""
+    return min(STALL_S, request_timeout_s / 3)
+
+
+class Stalls:
+    """The requests in flight that have been silent `after_s` or more: now (for the progress bar) and the
+    most at once over the run (for the one line that sums them up at the end)."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self.most = 0
+        self.open_then = 0
+        self.longest_s = 0.0
+
+    def now(self) -> int:
+        stalled, longest = IN_FLIGHT.stalled(self.after_s)
+        if stalled > self.most:
+            self.most, self.open_then = stalled, len(IN_FLIGHT)
+        self.longest_s = max(self.longest_s, longest)
+        return stalled
+
+    def summary(self) -> str | None:
+        if not self.most:
+            return None
+        return (
+            f"stalled: {self.most} of {self.open_then} requests without a byte from the server for "
+            f"{self.after_s:g} s or more (the longest {self.longest_s:.0f} s)"
+        )
 
 
 def grace_s(budget_s: float) -> float:
@@ -57,14 +86,11 @@ class BudgetSpent(Exception):
         return f"{self.open_requests} requests were still waiting on the server at {self.ran_s:.0f} s{silent}"
 
 
-async def within_budget(
-    work: Coroutine[Any, Any, T], budget_s: float, console: Console, stall_s: float = STALL_S
-) -> T:
+async def within_budget(work: Coroutine[Any, Any, T], budget_s: float, stall_s: float = STALL_S) -> T:
     """Run `work` within its budget (see the module docstring), else cancel it and raise `BudgetSpent`."""
     task = asyncio.ensure_future(work)
     start = time.perf_counter()
     limit, cap = start + budget_s + grace_s(budget_s), start + hard_cap_s(budget_s)
-    last_report = -REPORT_EVERY_S
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=1.0)
@@ -74,14 +100,6 @@ async def within_budget(
             server_silent_s = now - max(IN_FLIGHT.last_heard, start)
             if (now >= limit and server_silent_s >= stall_s) or now >= cap:
                 break
-            stalled, longest = IN_FLIGHT.stalled(stall_s)
-            if stalled and now - last_report >= REPORT_EVERY_S:
-                last_report = now
-                left = f"{max(0.0, limit - now):.0f} s" if now < limit else "now, unless it answers"
-                console.print(
-                    f"[yellow]stalled: {stalled} of {len(IN_FLIGHT)} requests without a byte from the server "
-                    f"for {longest:.0f} s (the run stops at its budget in {left})[/]"
-                )
         stalled, longest = IN_FLIGHT.stalled(stall_s)
         spent = BudgetSpent(now - start, len(IN_FLIGHT), stalled, longest)
     finally:

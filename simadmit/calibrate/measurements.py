@@ -7,10 +7,11 @@ and how much of its time budget they used.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Self
@@ -73,7 +74,10 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     path = Path(path)
     if not path.exists():
         return []
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise InputError([problem(path, None, "not a measurements file (not UTF-8 text)")]) from None
     if not text.endswith("\n"):  # a line cut short by a crash mid-write: drop it, keep the rest
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -113,22 +117,37 @@ class MeasurementLog:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            _drop_partial_last_line(self.path)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._file: IO[str] = self.path.open("a", newline="")
+        try:  # opened before the first request: a place that cannot be written costs no measurement
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                _drop_partial_last_line(self.path)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self._file: IO[str] = self.path.open("a", newline="")
+        except OSError as e:
+            raise InputError([problem(self.path, None, f"cannot write it ({e.strerror or e})")]) from None
         self._writer = csv.writer(self._file)
         if fresh:
-            self._writer.writerow(COLUMNS)
-            self._file.flush()
+            self._write(COLUMNS)
 
     def append(self, m: Measurement) -> None:
-        self._writer.writerow([_format(v) for v in astuple(m)])
-        self._file.flush()
+        self._write([_format(v) for v in astuple(m)])
+
+    def _write(self, row: Sequence[str]) -> None:
+        """One line, flushed; a full disk stops the run with the lines already written kept for --resume
+        (a line cut short is dropped when the file is opened again)."""
+        try:
+            self._writer.writerow(row)
+            self._file.flush()
+        except OSError as e:
+            why = (
+                f"cannot write it ({e.strerror or e}); the rows written so far are kept: rerun with --resume"
+            )
+            raise InputError([problem(self.path, None, why)]) from None
 
     def close(self) -> None:
-        self._file.close()
+        # Every line was flushed as written: only a line a write error already reported can be pending.
+        with contextlib.suppress(OSError):
+            self._file.close()
 
     def __enter__(self) -> Self:
         return self

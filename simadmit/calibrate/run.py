@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
+from simadmit.calibrate.deadline import Stalls, stall_after_s
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
 from simadmit.calibrate.metrics import CacheConfig, MetricsSampler, parse_cache_config, scrape
@@ -133,7 +134,9 @@ async def _run_plan(
         overhead.start()
         sampler.start()
         try:
-            await _run_with_progress(runner, cells, sampler, console)
+            await _run_with_progress(
+                runner, cells, sampler, console, stall_after_s(cfg.runner.request_timeout_s)
+            )
         finally:
             await sampler.stop()
             await overhead.stop()
@@ -141,9 +144,10 @@ async def _run_plan(
 
 
 async def _run_with_progress(
-    runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console
+    runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console, stall_s: float
 ) -> None:
-    """Run the cells in order, one progress bar (with ETA) per cell plus one for the whole budget."""
+    """Run the cells in order, one progress bar (with ETA) per cell plus one for the whole budget; the
+    latter counts the stalled requests while there are any, and one line sums them up at the end."""
     columns = (
         TextColumn("{task.description:<28}"),
         BarColumn(),
@@ -151,34 +155,46 @@ async def _run_with_progress(
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
+        TextColumn("{task.fields[stalled]}", style="yellow"),
     )
     todo = [(cell, *runner.remaining_s(cell)) for cell in cells]
-    with Progress(*columns, console=console, refresh_per_second=2) as progress:
-        total = progress.add_task("calibration", total=sum(t for _, t, _ in todo) or 1.0, requests=0)
-        base = 0.0
-        for cell, seconds, owed in todo:
-            if seconds <= 0 and owed <= 0:
-                continue
-            sampler.phase = cell.phase
-            task = progress.add_task(cell.label, total=max(seconds, 1e-3), requests=0)
-            started = time.perf_counter()
-            count = 0
+    stalls = Stalls(stall_s)
+    try:
+        with Progress(*columns, console=console, refresh_per_second=2) as progress:
+            total_s = sum(t for _, t, _ in todo) or 1.0
+            total = progress.add_task("calibration", total=total_s, requests=0, stalled="")
+            base = 0.0
+            for cell, seconds, owed in todo:
+                if seconds <= 0 and owed <= 0:
+                    continue
+                sampler.phase = cell.phase
+                task = progress.add_task(cell.label, total=max(seconds, 1e-3), requests=0, stalled="")
+                started = time.perf_counter()
+                count = 0
 
-            def tick(task: TaskID = task) -> None:
-                nonlocal count
-                count += 1
-                progress.update(task, requests=count)
-                progress.update(total, requests=runner.stats.completed)
+                def tick(task: TaskID = task) -> None:
+                    nonlocal count
+                    count += 1
+                    progress.update(task, requests=count)
+                    progress.update(total, requests=runner.stats.completed)
 
-            run = asyncio.create_task(runner.run_cell(cell, tick))
-            while not run.done():
-                elapsed = time.perf_counter() - started
-                progress.update(task, completed=min(elapsed, seconds))
-                progress.update(total, completed=base + min(elapsed, seconds))
-                await asyncio.wait({run}, timeout=0.5)
-            await run
-            progress.update(task, completed=max(seconds, 1e-3))
-            base += seconds
+                run = asyncio.create_task(runner.run_cell(cell, tick))
+                while not run.done():
+                    elapsed = time.perf_counter() - started
+                    progress.update(task, completed=min(elapsed, seconds))
+                    stalled = stalls.now()
+                    progress.update(
+                        total,
+                        completed=base + min(elapsed, seconds),
+                        stalled=f"{stalled} stalled" if stalled else "",
+                    )
+                    await asyncio.wait({run}, timeout=0.5)
+                await run
+                progress.update(task, completed=max(seconds, 1e-3))
+                base += seconds
+    finally:  # also when the budget or Ctrl-C cancels the run
+        if line := stalls.summary():
+            console.print(line, style="yellow", markup=False, highlight=False)
 
 
 def _measured_figures(rows: list[Measurement], cells: list[Cell], gpus: int) -> dict[str, object]:
@@ -272,6 +288,10 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         f"Calibrated by `simadmit calibrate` against {endpoint.model} at {endpoint.base_url}.\n"
         f"Raw measurements: {csv_path.name} (one row per request attempt)."
     )
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(profile, cfg.out, header)
+    try:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        save_profile(profile, cfg.out, header)
+    except OSError as e:
+        why = f"cannot write it ({e.strerror or e}); the measurements are kept in {csv_path}: rerun with --resume"
+        raise InputError([problem(cfg.out, None, why)]) from None
     return Calibration(profile, fit, csv_path, faults, runner.stats.gave_up, overhead.report())

@@ -11,10 +11,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.text import Text
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # Typer's own copy of Click
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import variant_spec
@@ -23,14 +26,40 @@ from simadmit.sim.world import build_world
 from simadmit.workload.check import check_workload
 
 MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
+MAX_REPLICATIONS = 1_000  # seeds of one run or point: intervals settle long before, and each run is kept
 
 
-def fail(problems: list[str]) -> None:
+def fail(problems: list[str]) -> NoReturn:
     """Print one line per problem to stderr and exit 2."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in problems:
-        err.print(f"[red]error:[/red] {line}", markup=True)
+    print_problems(problems)
     raise typer.Exit(2)
+
+
+def print_problems(problems: list[str]) -> None:
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    for line in problems:  # the line as written: `a:b:3` is no emoji code, `[x]` no markup
+        err.print(Text.assemble(("error:", "red"), " ", line))
+
+
+class App(typer.Typer):
+    """The `simadmit` app: a mistake on the command line itself (an unknown option, a value out of range)
+    is one `error:` line and exit code 2 like every other input error, not a framed panel."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if "standalone_mode" in kwargs:
+            return super().__call__(*args, **kwargs)
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError:  # the help is already printed
+            sys.exit(2)
+        except UsageError as e:
+            hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            print_problems([e.format_message() + hint])
+            sys.exit(e.exit_code)
+        except typer.Abort:  # what Typer does by itself
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def check_seed(seed: int | None, replications: int = 1, option: str = "--seed") -> None:

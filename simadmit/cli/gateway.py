@@ -6,6 +6,7 @@ so a bad argument prints one line and exits with code 2 before anything listens.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -53,7 +54,7 @@ def gateway(
         typer.Option(help="which of the scenario's policies (default: its only, else its gpu_seconds)"),
     ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 9000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 9000,
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
 ) -> None:
     """Admit, reject (429 + Retry-After) and proxy OpenAI-compatible requests as the scenario's policy says."""
@@ -70,18 +71,28 @@ def gateway(
             overrides |= profile_overrides(profile, [p.name for p in spec.pools])
             spec, base = load_scenario(path, overrides)
         settings = serve_settings(spec, base, backend, policy)
+        listener = listen(host, port)
     except InputError as e:
         fail(e.problems)
-        return
     server = GatewayServer(settings)
     typer.echo(
         f"simadmit gateway on http://{host}:{port}: policy {settings.policy_name}, "
         + "; ".join(f"{p.name}: {len(p.backends)} backend(s)" for p in server.pools)
     )
     # on SIGTERM, requests in flight get 25 s to finish: inside Kubernetes' default 30 s grace period
-    uvicorn.run(
+    config = uvicorn.Config(
         server.app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=25
     )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound before anything starts: a port in use is one line, exit 2."""
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        why = (e.strerror or str(e)).split(" (while")[0]  # not the address again
+        raise InputError([f"--host {host} --port {port}: cannot listen there ({why})"]) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import gateway, replay, study
-from simadmit.cli.common import LazyProgress, check_seed, fail, preflight
+from simadmit.cli.common import MAX_REPLICATIONS, App, LazyProgress, check_seed, fail, preflight
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -31,7 +31,7 @@ from simadmit.results.report import print_summary
 from simadmit.results.run_folder import Writer, check_destination, write_folder
 from simadmit.study.runner import Interrupted, Progress, ScenarioResult, run_study
 
-app = typer.Typer(
+app = App(
     help="Capacity planning for admission control in front of a vLLM pool.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -56,7 +56,10 @@ def simulate(
         int | None, typer.Option(help="seed of the first replication (default: the scenario's)")
     ] = None,
     replications: Annotated[
-        int, typer.Option(min=1, help="runs with seeds seed..seed+n-1, for confidence intervals")
+        int,
+        typer.Option(
+            min=1, max=MAX_REPLICATIONS, help="runs with seeds seed..seed+n-1, for confidence intervals"
+        ),
     ] = 1,
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
 ) -> None:

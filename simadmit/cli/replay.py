@@ -15,20 +15,20 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from simadmit.cli.common import fail
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.loadgen.plan import make_plan
 from simadmit.loadgen.run import ReplayConfig, replay
 from simadmit.loadgen.tables import write_run
-from simadmit.results.compare import compare, load_runs, overall, run_dirs
+from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
 from simadmit.results.compare_plots import write_cdfs
+from simadmit.results.run_folder import check_destination
 
 
 def _holds_a_run(out: Path) -> bool:
@@ -71,6 +71,7 @@ def replay_command(
             )
         if _holds_a_run(out):
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
+        check_destination(out, replace=False)  # before sending anything: a run cannot be sent twice
         plan = make_plan(spec, base, seed)
     except InputError as e:
         fail(e.problems)
@@ -140,16 +141,22 @@ def compare_command(
 ) -> None:
     """The fidelity report: per tier and measure, simulated vs real (mean and range over the real runs)."""
     try:
+        if warmup is not None and not 0 <= warmup < math.inf:
+            raise InputError([problem(None, "--warmup", f"must be 0 or more seconds, got {warmup}")])
+        if out is not None:
+            check_destination(out, replace=False)
         reals = run_dirs(real_dirs)
-        sim = load_runs(sim_dir, policy)
-        real = [r for d in reals for r in load_runs(d, None)]
+        sim = _runs(sim_dir, policy)
+        real_by_dir = [(d, _runs(d, None)) for d in reals]
+        _same_request_list([(sim_dir, sim), *real_by_dir])
+        if warmup is None:
+            scenario = sim_dir / "scenario.yaml"
+            doc = read_yaml(scenario, "scenario") if scenario.is_file() else {}
+            workload = doc.get("workload") if isinstance(doc, dict) else None
+            warmup = float((workload if isinstance(workload, dict) else {}).get("warmup_s") or 0.0)
     except InputError as e:
         fail(e.problems)
-        return
-    if warmup is None:
-        scenario = sim_dir / "scenario.yaml"
-        doc = yaml.safe_load(scenario.read_text()) if scenario.is_file() else {}
-        warmup = float((doc or {}).get("workload", {}).get("warmup_s", 0.0) or 0.0)
+    real = [r for _, runs in real_by_dir for r in runs]
     table = compare(sim, real, warmup)
     console = Console() if Console().is_terminal else Console(width=160)
     shown = Table(
@@ -178,6 +185,51 @@ def compare_command(
         tiers = [*sorted(set(pd.concat([r.requests["tier"] for r in real + sim]))), "all"]
         write_cdfs(sim, real, tiers, warmup, out)
         console.print(f"table and CDF plots in {out}/")
+
+
+def _runs(folder: Path, policy: str | None) -> list[Run]:
+    """`load_runs`, with a damaged or foreign `requests.parquet` as one line naming it."""
+    try:
+        return load_runs(folder, policy)
+    except (OSError, ValueError, KeyError) as e:  # pyarrow's "not a Parquet file" is a ValueError
+        why = f"no column {e}" if isinstance(e, KeyError) else str(e).split(". ")[0]
+        raise InputError(
+            [
+                problem(
+                    folder / "requests.parquet", None, f"not a requests table of simulate or replay ({why})"
+                )
+            ]
+        ) from None
+
+
+def _same_request_list(folders: list[tuple[Path, list[Run]]]) -> None:
+    """Every run compared must have sent the same request list: the same number of requests per tier.
+
+    A simulation of another scenario (or another seed) would otherwise be reported as a fidelity error.
+    """
+    first_folder, first = folders[0]
+    want = _tier_counts(first[0])
+    for folder, runs in folders:
+        for run in runs:
+            if (got := _tier_counts(run)) != want:
+                raise InputError(
+                    [
+                        problem(
+                            run.source if folder != first_folder else first_folder,
+                            None,
+                            f"not the request list of {first[0].source} ({_shown(got)} vs {_shown(want)}): "
+                            "compare runs of one scenario and seed",
+                        )
+                    ]
+                )
+
+
+def _tier_counts(run: Run) -> dict[str, int]:
+    return {str(k): int(v) for k, v in run.requests["tier"].value_counts().sort_index().items()}
+
+
+def _shown(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {tier}" for tier, n in counts.items()) + " requests"
 
 
 def register(app: typer.Typer) -> None:

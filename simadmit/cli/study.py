@@ -9,16 +9,17 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from simadmit.cli.common import check_seed, fail
+from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail
 from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
@@ -32,6 +33,8 @@ from simadmit.study.grid import parse_param, plan_sweep
 from simadmit.study.search import PolicyResult, SearchConfig, optimize
 from simadmit.study.slo import parse_slo
 from simadmit.study.table import sla_tiers
+
+T = TypeVar("T")
 
 
 def available_cpus() -> int:
@@ -70,7 +73,9 @@ def sweep(
         Path | None, typer.Argument(help="scenario YAML or a bundled scenario's name (default: the default)")
     ] = None,
     param: Annotated[list[str], typer.Option(help="path=lo:hi:n or path=a,b,c (repeat for a grid)")] = [],  # noqa: B006
-    replications: Annotated[int, typer.Option(min=1, help="seeds per point, for confidence intervals")] = 1,
+    replications: Annotated[
+        int, typer.Option(min=1, max=MAX_REPLICATIONS, help="seeds per point, for confidence intervals")
+    ] = 1,
     seed: Annotated[
         int | None, typer.Option(help="first seed of every point (default: the scenario's)")
     ] = None,
@@ -101,19 +106,11 @@ def sweep(
         bar.update(done)
 
     with UnitProgress(f"{len(plan.points)} points x {replications} seeds", units) as bar:
-        try:
-            table = run_sweep(plan, out, jobs, _backend(backend, address), on_progress)
-        except KeyboardInterrupt:
-            bar.stop()
-            done = saved[-1] if saved else 0
-            Console(stderr=True, soft_wrap=True).print(
-                f"interrupted: {done} of {units} runs are saved in {out}/; run the same command to resume"
-            )
-            raise typer.Exit(130) from None
-        except InputError as e:
-            bar.stop()
-            fail(e.problems)
-            return
+        table = _run_resumable(
+            bar,
+            lambda: run_sweep(plan, out, jobs, _backend(backend, address), on_progress),
+            lambda: f"{saved[-1] if saved else 0} of {units} runs are saved in {out}/",
+        )
     console = _console()
     reused = f" ({saved[0]} reused from {out}/points)" if saved and saved[0] else ""
     console.print(
@@ -126,6 +123,23 @@ def sweep(
         console.print(shown)
         for line in notes:
             console.print(line)
+
+
+def _run_resumable(bar: UnitProgress, study: Callable[[], T], saved: Callable[[], str]) -> T:
+    """Run a study that saves each simulation as it finishes (`sweep`, `optimize`).
+
+    Ctrl-C stops it at once, says what is saved (`saved()`) and exits 130, and the same command resumes; a
+    bad input that only shows once running (a trace row of one grid point) is one line and exit 2.
+    """
+    try:
+        return study()
+    except KeyboardInterrupt:
+        bar.stop()
+        Console(stderr=True, soft_wrap=True).print(f"interrupted: {saved()}; run the same command to resume")
+        raise typer.Exit(130) from None
+    except InputError as e:
+        bar.stop()
+        fail(e.problems)
 
 
 def _console() -> Console:
@@ -177,7 +191,9 @@ def optimize_cmd(
     ] = [],  # noqa: B006
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
     loads: Annotated[str, typer.Option(help="traffic multipliers every SLO must hold at")] = "1,1.5,2",
-    replications: Annotated[int, typer.Option(min=1, help="seeds per setting and load")] = 1,
+    replications: Annotated[
+        int, typer.Option(min=1, max=MAX_REPLICATIONS, help="seeds per setting and load")
+    ] = 1,
     seed: Annotated[int | None, typer.Option(help="first seed (default: the scenario's)")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="refinement rounds")] = 3,
     candidates: Annotated[int, typer.Option(min=2, help="values tried per dimension and round")] = 5,
@@ -209,8 +225,9 @@ def optimize_cmd(
     try:
         load_values = tuple(float(x) for x in loads.split(","))
     except ValueError:
-        problems.append(f"--loads: {loads}: expected comma-separated multipliers, e.g. 1,1.5,2")
         load_values = ()
+    if not load_values or not all(0 < x < math.inf for x in load_values):
+        problems.append(f"--loads: {loads}: expected comma-separated multipliers above 0, e.g. 1,1.5,2")
     if not slo:
         problems.append("--slo: give at least one SLO, e.g. --slo 'interactive.ttft_p99<=3s'")
     try:
@@ -226,19 +243,12 @@ def optimize_cmd(
     path = resolve_scenario(scenario)
     started = time.monotonic()
     with UnitProgress("simulations", 1) as bar:
-        try:
-            results = optimize(path, slos, objective, config, dims or None, _backend(backend, address),
-                               overrides, out, lambda d, n, p: bar.update(d, n, f"{p}: simulations"))  # fmt: skip
-        except KeyboardInterrupt:
-            bar.stop()
-            Console(stderr=True, soft_wrap=True).print(
-                f"interrupted: {bar.done} simulations are saved in {out}/points; run the same command to resume"
-            )
-            raise typer.Exit(130) from None
-        except InputError as e:
-            bar.stop()
-            fail(e.problems)
-            return
+        results = _run_resumable(
+            bar,
+            lambda: optimize(path, slos, objective, config, dims or None, _backend(backend, address),
+                             overrides, out, lambda d, n, p: bar.update(d, n, f"{p}: simulations")),
+            lambda: f"{bar.done} simulations are saved in {out}/points",
+        )  # fmt: skip
     name = load_scenario(path, overrides)[0].name
     _print_results(results, objective, load_values, name, time.monotonic() - started, out)
 

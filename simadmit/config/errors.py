@@ -18,6 +18,11 @@ class InputError(Exception):
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
 
+    def __reduce__(self) -> tuple[type[InputError], tuple[list[str]]]:
+        # Rebuilt from its lines when it crosses from a worker process to the command: by default pickle
+        # would call __init__ with the joined message (one problem per character) and patch it afterwards.
+        return (type(self), (self.problems,))
+
 
 def problem(source: str | Path | None, field: str | None, message: str) -> str:
     """Format one problem as `file: field: message`, omitting the parts that are unknown."""
@@ -41,12 +46,18 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
 
 
 def read_yaml(path: str | Path, what: str) -> object:
-    """Parse a YAML file, or raise `InputError`: "<what> file not found", or the line that is not YAML."""
+    """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError([problem(path, None, f"is a folder, not a {what} file")])
     if not path.is_file():
         raise InputError([problem(path, None, f"{what} file not found")])
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not content
+    except UnicodeDecodeError as e:
+        raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
+    except OSError as e:
+        raise InputError([problem(path, None, f"cannot read it ({e.strerror or e})")]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from simadmit.config.schema import ScenarioSpec
 
 _RANGE = re.compile(r"^\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*:\s*(\d+)\s*$")
 _MAX_PROBLEMS = 20
+MAX_POINTS = 10_000  # a grid larger than this is a typo (1:2:1000000000), not a study that could finish
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ def parse_param(text: str) -> Param:
         lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
         if n < 1 or (n == 1 and lo != hi):
             raise InputError([problem("--param", text, "a range needs at least 2 values (lo:hi:n, n >= 2)")])
+        if n > MAX_POINTS:
+            raise InputError(
+                [problem("--param", text, f"{n:,} values; a sweep runs at most {MAX_POINTS:,} points")]
+            )
         step = (hi - lo) / (n - 1) if n > 1 else 0.0
         values: list[object] = [_tidy(lo + i * step) for i in range(n)]
         if all(float(x).is_integer() for x in (m.group(1), m.group(2), step)) and "." not in raw:
@@ -144,6 +150,9 @@ def plan_sweep(
     paths = [p.path for p in params]
     if len(set(paths)) != len(paths):
         raise InputError([problem("--param", ", ".join(paths), "each path may be swept once")])
+    if math.prod(len(p.values) for p in params) > MAX_POINTS:
+        sizes = " x ".join(str(len(p.values)) for p in params)
+        raise InputError([problem("--param", sizes, f"a sweep runs at most {MAX_POINTS:,} points")])
     problems: list[str] = []
     for p in params:  # one line per bad value, named by the value rather than by a whole combination
         for v in p.values:

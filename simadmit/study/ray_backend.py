@@ -9,6 +9,7 @@ optional extra: `pip install simadmit[ray]`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from simadmit.config.errors import InputError
 from simadmit.study.backends import Backend
@@ -27,15 +28,33 @@ def ray_backend(address: str | None = None) -> Backend:
                 ray.init(num_cpus=max(jobs, 1), include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=address, log_to_driver=False)
-        remote = ray.remote(fn)
-        pending = {remote.remote(*a): i for i, a in enumerate(args)}
+        remote = ray.remote(_refusing)
+        pending = {remote.remote(fn, *a): i for i, a in enumerate(args)}
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
-                    yield pending.pop(ref), ray.get(ref)
+                    result = ray.get(ref)
+                    if isinstance(result, Refused):
+                        raise InputError(result.problems)
+                    yield pending.pop(ref), result
         finally:
             for ref in pending:
                 ray.cancel(ref)
 
     return ray_map
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A unit's bad input, returned as a value: raised inside a Ray task, it would come back wrapped in a
+    `RayTaskError`, and Ray would also log every other task's copy with its remote traceback."""
+
+    problems: list[str]
+
+
+def _refusing(fn: Callable[..., dict], *args: object) -> dict | Refused:
+    try:
+        return fn(*args)
+    except InputError as e:
+        return Refused(e.problems)

@@ -133,24 +133,33 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
             [problem(path, None, f"unknown trace format; use one of {', '.join(TRACE_SUFFIXES)}")]
         )
     if kind == "parquet":
-        table = pd.read_parquet(path)
+        try:
+            table = pd.read_parquet(path)
+        except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
+            raise InputError([problem(path, None, f"not a readable Parquet file ({e})")]) from None
         _require(path, names, list(table.columns))
         return {n: table[n].tolist() for n in names}, [f"row {i}" for i in range(1, len(table) + 1)]
-    with _open(path) as f:
-        rows = _csv_rows(path, f, names) if kind == "csv" else _jsonl_rows(path, f, names)
-        raw: dict[str, list[object]] = {n: [] for n in names}
-        where = []
-        for line, values in rows:
-            where.append(f"line {line}")
-            for n, v in zip(names, values, strict=True):
-                raw[n].append(v)
+    raw: dict[str, list[object]] = {n: [] for n in names}
+    where: list[str] = []
+    try:
+        with _open(path) as f:
+            rows = _csv_rows(path, f, names) if kind == "csv" else _jsonl_rows(path, f, names)
+            for line, values in rows:
+                where.append(f"line {line}")
+                for n, v in zip(names, values, strict=True):
+                    raw[n].append(v)
+    except UnicodeDecodeError:
+        raise InputError([problem(path, None, "not a UTF-8 text file")]) from None
+    except (OSError, EOFError) as e:  # a truncated or damaged .gz
+        raise InputError([problem(path, None, f"cannot read it ({e})")]) from None
     return raw, where
 
 
 def _open(path: Path) -> IO[str]:
+    """The file as text; a byte-order mark (as some spreadsheet exports write) is not part of the header."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
 
 
 def _require(path: Path, names: list[str], present: list[str]) -> None:

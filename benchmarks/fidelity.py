@@ -45,7 +45,7 @@ from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E
 from simadmit.loadgen.plan import make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
-from simadmit.results.compare import compare, load_runs, overall  # noqa: E402
+from simadmit.results.compare import Run, compare, load_runs, overall  # noqa: E402
 from simadmit.results.compare_plots import write_cdfs  # noqa: E402
 from simadmit.results.run_folder import write_folder  # noqa: E402
 from simadmit.study.runner import run_study  # noqa: E402
@@ -174,16 +174,26 @@ def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: fl
         lag = facts["send_lag_s"]
         print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up: "  # type: ignore[index]
               f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
+    table = simulate_and_compare(out, repeats)
+    write_cdfs(load_runs(out / "sim", None), real_runs(out, repeats), ["all"], 0.0, out)
+    return table
+
+
+def real_runs(out: Path, repeats: int) -> list[Run]:
+    """The real repeats under `out`, as `compare` reads them."""
+    return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
+
+
+def simulate_and_compare(out: Path, repeats: int) -> pd.DataFrame:
+    """Simulate the request list the first real repeat under `out` sent (`replayed.yaml`) into OUT/sim and
+    write the compare table of the simulation against every repeat to OUT/compare.csv."""
     sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
     result = run_study(sim_spec, sim_base)
     write_folder(
         out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
     )
-    real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
-    sim = load_runs(out / "sim", None)
-    table = compare(sim, real, 0.0)
+    table = compare(load_runs(out / "sim", None), real_runs(out, repeats), 0.0)
     table.to_csv(out / "compare.csv", index=False)
-    write_cdfs(sim, real, ["all"], 0.0, out)
     return table
 
 

@@ -55,18 +55,21 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity import calibrate, cpu_model, isolate_engine, markdown, start_server  # noqa: E402
+from benchmarks.fidelity import (  # noqa: E402
+    calibrate,
+    cpu_model,
+    isolate_engine,
+    markdown,
+    simulate_and_compare,
+    start_server,
+)
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
-from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.loadgen.plan import make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
-from simadmit.results.compare import compare, load_runs  # noqa: E402
-from simadmit.results.run_folder import write_folder  # noqa: E402
 from simadmit.serve.backends import LivePool  # noqa: E402
 from simadmit.sim.world import build_world  # noqa: E402
-from simadmit.study.runner import run_study  # noqa: E402
 
 OUTPUT = 64
 MAX_POOL_GPU_S = 12.0
@@ -294,14 +297,7 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
         lag = facts["send_lag_s"]
         print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
               f"{facts['kept_up']}; {budgets[-1]}", flush=True)  # fmt: skip
-    sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
-    result = run_study(sim_spec, sim_base)
-    write_folder(
-        out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
-    )
-    real = [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
-    sim = load_runs(out / "sim", None)
-    compare(sim, real, 0.0).to_csv(out / "compare.csv", index=False)
+    simulate_and_compare(out, repeats)
     return load_point(out)
 
 

@@ -133,17 +133,8 @@ def test_priority_preemption_under_kv_pressure_matches_reference(max_prompt: int
 
 # --- theory: non-preemptive priority M/G/1 --------------------------------------------------------------
 
-A = 0.5  # seconds per step: pure overhead
-SEEDS = range(6)
-T_99_5DF = 4.032  # two-sided 99% quantile of Student's t with 5 degrees of freedom (6 seeds)
-
-
-class _Scheduled(RequestListener):
-    def __init__(self, n: int) -> None:
-        self.at = np.full(n, np.nan)
-
-    def on_scheduled(self, rid: int, now: float) -> None:
-        self.at[rid] = now
+# the single-slot engine of the FCFS theory tests: 0.5 s steps, 6 seeds, their t quantile, scheduled times
+from tests.test_engine_theory import SEEDS, T_99_5DF, A, _Scheduled  # noqa: E402
 
 
 def priority_waits(arrival: np.ndarray, output: np.ndarray, urgent: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +224,18 @@ def test_cli_starts_predicted_ttft_and_refuses_remaining_work_in_one_line(
     from simadmit.cli import app
 
     started: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda served, **_kw: started.append(served))
-    r = CliRunner().invoke(app, ["gateway", "--policy", "predicted_ttft", "--backend", "http://127.0.0.1:9"])
+
+    def run_server(served: uvicorn.Server, sockets: list[socket.socket]) -> None:
+        started.append(served)
+        for s in sockets:
+            s.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run_server)
+    with socket.socket() as free:  # a free port for the listening socket the command binds first
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    where = ["--host", "127.0.0.1", "--port", port, "--backend", "http://127.0.0.1:9"]
+    r = CliRunner().invoke(app, ["gateway", "--policy", "predicted_ttft", *where])
     assert r.exit_code == 0 and "policy predicted_ttft" in r.output and len(started) == 1
 
     from tests.serve_helpers import PROFILE, SCENARIO
@@ -232,8 +243,6 @@ def test_cli_starts_predicted_ttft_and_refuses_remaining_work_in_one_line(
     (tmp_path / "fake.yaml").write_text(yaml.safe_dump(PROFILE))
     scenario = {**SCENARIO, "policies": [{"kind": "gpu_seconds", "work": "remaining"}]}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
-    r = CliRunner().invoke(
-        app, ["gateway", "--scenario", str(tmp_path / "s.yaml"), "--backend", "http://127.0.0.1:9"]
-    )
+    r = CliRunner().invoke(app, ["gateway", "--scenario", str(tmp_path / "s.yaml"), *where])
     assert r.exit_code == 2 and "work: remaining" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1 and len(started) == 1

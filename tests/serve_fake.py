@@ -29,6 +29,9 @@ class FakeVllm:
         self.hanging = False  # requests and /metrics never answer
         self.metrics_silent = False  # only /metrics never answers
         self.stall_after: int | None = None  # streams stop after this many tokens, until cancelled
+        self.reported: tuple[float, float] | None = None  # set: /metrics reports this (running, waiting)
+        self.kv_blocks = 1000  # vllm:cache_config_info: 1,000 blocks of 16 tokens
+        self.prompt_tokens = 0  # vllm:prompt_tokens_total: prompt tokens of every request received
         self.running = 0
         self.completed = 0
         self.cancelled = 0  # requests whose connection went away before their end
@@ -72,14 +75,21 @@ class FakeVllm:
         while self.metrics_silent:
             await asyncio.sleep(0.01)
         waiting = self.running if self.gate is not None else 0
+        running = self.running - waiting
+        if self.reported is not None:
+            running, waiting = self.reported
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{engine="0",model_name="fake"}} {float(self.running - waiting)}',
+            f'vllm:num_requests_running{{engine="0",model_name="fake"}} {float(running)}',
             "# TYPE vllm:num_requests_waiting gauge",
             f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {float(waiting)}',
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {min(1.0, self.running / 100)}',
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{self.kv_blocks}"}} 1.0',
+            "# TYPE vllm:prompt_tokens counter",
+            f'vllm:prompt_tokens_total{{engine="0",model_name="fake"}} {float(self.prompt_tokens)}',
         ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
@@ -89,6 +99,8 @@ class FakeVllm:
     async def generate(self, request: Request) -> Response:
         body = await request.json()
         self.bodies.append(body)
+        prompt = body.get("prompt", "")
+        self.prompt_tokens += len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
         n = min(self.output_tokens, body.get("max_tokens", self.output_tokens))
         chat = "messages" in body
         usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}

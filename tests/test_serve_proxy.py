@@ -269,14 +269,3 @@ def test_local_tokenizer_counts_without_a_round_trip(tmp_path: Path) -> None:
             assert fake.tokenized == 0
 
     run(main())
-
-
-def test_a_policy_the_live_gateway_cannot_run_is_refused_in_one_line() -> None:
-    """predicted_ttft needs each replica's step state, which the live gateway does not build: it is refused
-    at start (exit 2, one line) rather than turning every request away as `pool_exhausted`."""
-    from typer.testing import CliRunner
-
-    from simadmit.cli import app
-
-    r = CliRunner().invoke(app, ["gateway", "--policy", "predicted_ttft", "--backend", "http://127.0.0.1:9"])
-    assert r.exit_code == 2 and "cannot run it yet" in r.output and "Traceback" not in r.output

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from functools import partial
@@ -29,8 +30,8 @@ from starlette.routing import Route
 from simadmit.admission.estimator import OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
-from simadmit.calibrate.metrics import parse_gauges
-from simadmit.serve.backends import Backend, LivePool
+from simadmit.admission.view import EngineModel
+from simadmit.serve.backends import Backend, LivePool, parse_poll
 from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
 from simadmit.serve.inbound import (
     CHAT,
@@ -69,11 +70,16 @@ class GatewayServer:
         world = s.world
         g = world.gateway
         learner = OutputLearner() if g.estimate_output == "learned" else None
+        engines = [
+            EngineModel(p.gateway_profile.step_time, p.limits.max_num_batched_tokens, p.priorities)
+            for p in world.pools
+        ]  # what an engine-aware policy predicts with, as in the simulator
         self.gateway = Gateway(
             s.policy,
             [p.estimator for p in world.pools],
             [p.max_request_tokens for p in world.pools],
             learner,
+            engines,
         )
         self.learn = learner is not None
         self.routing = g.routing
@@ -85,8 +91,14 @@ class GatewayServer:
             prior = sum(p.estimator.estimate(0, s.tier_max_tokens[t]) for t in served) / len(served)
             self.pools.append(
                 LivePool(
-                    p.name, list(urls), p.gpus_per_replica, p.limits.max_num_seqs, prior, s.http.on_stale
-                )
+                    p.name,
+                    list(urls),
+                    p.gpus_per_replica,
+                    p.limits.max_num_seqs,
+                    prior,
+                    s.http.on_stale,
+                    p.limits.kv_capacity_tokens,
+                )  # fmt: skip
             )
         self.pool_of_tier = {world.tier_names[t]: p for t, p in enumerate(world.pool_of_tier)}
         self.known_tiers = set(world.tier_names)
@@ -145,7 +157,7 @@ class GatewayServer:
             try:
                 response = await self.poll_client.get(f"{backend.url}/metrics")
                 response.raise_for_status()
-                pool.polled(backend, parse_gauges(response.text), self.now())
+                pool.polled(backend, parse_poll(response.text), self.now())
             except (httpx.HTTPError, ValueError):
                 pool.poll_failed(backend, self.now(), stale_after)
             self.refresh(p)
@@ -211,15 +223,20 @@ class GatewayServer:
                 pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))
             )
         self.metrics.decided(pool.name, tier, decision.reason, True, now)
-        return await self.forward(request, body, pool, backend, req, estimate, self.predicted_wait(p))
+        wait = self.predicted_wait(p, decision)
+        return await self.forward(request, body, pool, backend, req, estimate, wait, now)
 
-    def predicted_wait(self, p: int) -> float:
+    def predicted_wait(self, p: int, decision: Decision) -> float:
+        """The wait the policy predicted (`predicted_ttft`: the first token's), else the pool's in-flight
+        GPU-seconds per GPU."""
+        if not math.isnan(decision.predicted_wait_s):
+            return decision.predicted_wait_s
         view = self.gateway.views[p]
         return view.in_flight_gpu_s / view.available_gpus if view.available_gpus else float("inf")
 
     def reject(self, pool: LivePool, p: int, tier: str, decision: Decision) -> Response:
         self.metrics.decided(pool.name, tier, decision.reason, False, self.now())
-        wait = self.predicted_wait(p)
+        wait = self.predicted_wait(p, decision)
         shown = wait if wait != float("inf") else decision.retry_after_s
         headers = {"Retry-After": str(int(decision.retry_after_s)), "X-Queue-Predict-Wait": f"{shown:.3f}"}
         message = f"{tier} request rejected: {decision.reason}; retry after {int(decision.retry_after_s)} s"
@@ -271,12 +288,14 @@ class GatewayServer:
         req: Request,
         estimate: float,
         wait: float,
+        admitted_s: float,
     ) -> Response:
         assert self.client is not None
-        pool.charge(backend, req.tier, estimate)
+        pool.charge(backend, req.tier, estimate, req.prompt_tokens)
         exchange = Exchange(
             self.client, backend.url + PATHS[body.route], body.body, body.stream, self.learn,
-            partial(self.finished, pool, backend, req, estimate), partial(pool.answering, backend),
+            partial(self.finished, pool, backend, req, estimate),
+            partial(self.answering, pool, backend, req, admitted_s),
         )  # fmt: skip
         backend.aborters.add(exchange.abort)
         headers = {"X-Queue-Predict-Wait": f"{wait:.3f}"}
@@ -304,11 +323,17 @@ class GatewayServer:
                 exchange.close()
                 return
 
+    def answering(self, pool: LivePool, backend: Backend, req: Request, admitted_s: float) -> None:
+        """The first token of an admitted request came back: its prompt leaves the books, and a learning
+        policy compares the time it took with what it predicted."""
+        pool.answering(backend, req.prompt_tokens)
+        self.gateway.observe_first_token(req, admitted_s, self.now())
+
     def finished(
         self, pool: LivePool, backend: Backend, req: Request, estimate: float, exchange: Exchange
     ) -> None:
         """The backend is done with an admitted request, however it ended: release it from the books."""
-        pool.release(backend, req.tier, estimate, exchange.answering)
+        pool.release(backend, req.tier, estimate, exchange.answering, req.prompt_tokens)
         backend.aborters.discard(exchange.abort)
         if exchange.refused:
             pool.refused(backend)

@@ -17,12 +17,11 @@ from simadmit.config.errors import InputError
 from simadmit.config.schema import (
     GatewayHttpSpec,
     GpuSecondsSpec,
-    PredictedTtftSpec,
     ScenarioSpec,
     policy_name,
 )
 from simadmit.serve.counting import LocalTokenizer
-from simadmit.sim.world import World, build_policy, build_world
+from simadmit.sim.world import World, build_policies, build_world
 
 DEFAULT_MAX_TOKENS = 512  # a request without max_tokens, of a tier that names none in the scenario
 
@@ -83,17 +82,18 @@ def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: 
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     (policy_spec,) = [p for p in spec.policies if policy_name(p) == chosen]
-    if isinstance(policy_spec, PredictedTtftSpec) or getattr(policy_spec, "work", "admitted") == "remaining":
+    if isinstance(policy_spec, GpuSecondsSpec) and policy_spec.work == "remaining":
         raise InputError(
-            [f"--policy {chosen}: the live gateway cannot run it yet: it needs each replica's step state "
-             "(prefill backlog, tokens decoded), which the gateway does not build from vLLM's /metrics; "
-             "choose a gpu_seconds policy counting admitted work, queue_depth or a baseline"]
-        )  # fmt: skip
+            [
+                f"--policy {chosen}: the live gateway cannot count remaining work (work: remaining) yet; "
+                "use work: admitted, or predicted_ttft"
+            ]
+        )
     http = spec.gateway.http
     return ServeSettings(
         world=world,
         policy_name=chosen,
-        policy=build_policy(policy_spec),
+        policy=build_policies(spec)[chosen],  # budgets default to the tiers' SLOs, as in simulate
         backends=assign_backends(spec, backends),
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},

@@ -11,13 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
 
+from simadmit.admission.estimator import CostEstimator
+from simadmit.admission.policies import Request
 from simadmit.admission.predictive import GpuSecondsOnRemaining
+from simadmit.calibrate.metrics import EngineGauges
 from simadmit.serve.app import GatewayServer
+from simadmit.serve.backends import Flight, LivePool
+from simadmit.serve.upstream import Exchange
 from tests.serve_fake import FakeVllm
 from tests.serve_helpers import COST, completion, make_server, stack, until
 
@@ -44,6 +50,31 @@ def assert_books_empty(server: GatewayServer) -> None:
     pool = server.pools[0]
     assert pool.own_requests == 0 and pool.own_gpu_s == 0.0 and pool.flights == {}
     assert pool.own_by_tier.get("interactive", 0.0) == 0.0
+
+
+def test_remaining_work_is_the_charges_less_what_streamed_answers_worked_off() -> None:
+    """Five own requests of 10 prompt tokens charged 1.01 each, the pool's estimator pricing a prompt token
+    0.001 and an output token 0.01 GPU-seconds: a completion stream 30 tokens in has 0.70 left; a chat
+    stream 31 events in (the first names the role) too; a request not streamed and a stream without its
+    first token all of their charge; a stream past its charge nothing. vLLM holds one request beyond the
+    gateway's own (4 running, 3 of them own answering), counted in full at the mean estimate."""
+    pool = LivePool("p", ["http://a"], 1, 8, 1.0, "unavailable", estimator=CostEstimator(1000, 100))
+    (a,) = pool.backends
+    cases = [(True, True, 30, 0), (True, True, 31, 1), (False, False, 0, 0), (True, False, 0, 0)]
+    cases.append((True, True, 500, 0))
+    for rid, (stream, answering, events, preamble) in enumerate(cases):
+        pool.charge(a, "chat", COST, 10)
+        if answering:
+            pool.answering(a, 10)
+        exchange = cast(Exchange, SimpleNamespace(stream=stream, answering=answering, events=events))
+        pool.flights[rid] = Flight(Request(rid, "chat", 10, 100, 0.0), a, COST, exchange, preamble)
+    pool.polled(a, EngineGauges(running=4, waiting=0, kv_usage=0.1), now=1.0)
+    snapshot = pool.snapshot(1.0)
+    assert snapshot.in_flight_gpu_s == pytest.approx(5 * COST + COST)
+    assert snapshot.remaining_gpu_s == pytest.approx(2 * 0.70 + 2 * COST + 0.0 + COST)
+    assert [f.started for f in pool.flights.values()] == [True, True, True, False, True]
+    pool.poll_failed(a, now=10.0, stale_after_s=1.0)  # a stale backend leaves the view, its work with it
+    assert pool.snapshot(10.0).remaining_gpu_s == 0.0
 
 
 @pytest.mark.parametrize("changes", [SHEDDING_GPU_SECONDS, PREDICTIVE], ids=["gpu_seconds", "predicted_ttft"])

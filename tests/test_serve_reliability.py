@@ -5,7 +5,6 @@ own stale views of the same backends, and the snapshot rule on its own."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from pathlib import Path
 
@@ -135,8 +134,9 @@ def test_burst_never_takes_one_gateways_work_past_its_budget(tmp_path: Path) -> 
 
 def test_backend_that_stops_answering_is_cut_off_and_rejoins(tmp_path: Path) -> None:
     """Backend A goes silent: once its /metrics is stale its in-flight requests end with a 503 (a JSON error
-    when nothing was sent yet, an error event mid-stream), it is marked down, new requests go to B, and it
-    rejoins when it answers again. With every backend silent, requests get 429 pool_exhausted."""
+    when nothing was sent yet, a stream too since its 200 waits for its first event), it is marked down, new
+    requests go to B, and it rejoins when it answers again. With every backend silent, requests get 429
+    pool_exhausted."""
 
     async def main() -> None:
         a, b = FakeVllm(), FakeVllm()
@@ -153,9 +153,7 @@ def test_backend_that_stops_answering_is_cut_off_and_rejoins(tmp_path: Path) -> 
             r = await plain
             assert r.status_code == 503 and "stopped answering" in r.json()["error"]["message"]
             s = await streamed
-            assert s.status_code == 200
-            last = json.loads(s.text.strip().split("data: ")[-1])
-            assert last["error"]["code"] == 503
+            assert s.status_code == 503 and "stopped answering" in s.json()["error"]["message"]
             pool = server.pools[0]
             assert pool.available() == [pool.backends[1]] and pool.own_requests == 1
             health = await client.get("/health")

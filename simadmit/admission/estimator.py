@@ -32,6 +32,15 @@ class CostEstimator:
         """Predicted GPU-seconds of one request (output charged at `max_tokens`, or a learned expectation)."""
         return prompt_tokens / self.prefill_tokens_per_gpu_s + max_tokens / self.decode_tokens_per_gpu_s
 
+    def done(self, estimate_gpu_s: float, prompt_tokens: int, output_tokens: float) -> float:
+        """GPU-seconds of a request's charge already worked off once its first token is out: its prefill
+        and the `output_tokens` decoded so far, at these rates, never more than it was charged. What remains
+        of in-flight work (`work: remaining`) is the charge less this, in the simulator and the live gateway."""
+        return min(
+            estimate_gpu_s,
+            prompt_tokens / self.prefill_tokens_per_gpu_s + output_tokens / self.decode_tokens_per_gpu_s,
+        )
+
     def estimate_many(self, prompt_tokens: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
         """Vectorised `estimate`, for a whole workload at once."""
         return prompt_tokens / self.prefill_tokens_per_gpu_s + max_tokens / self.decode_tokens_per_gpu_s

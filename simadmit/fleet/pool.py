@@ -246,13 +246,12 @@ class Pool(EngineListener):
         if est is None:
             return self.in_flight_gpu_s
         done = 0.0
-        pre, dec = est.prefill_tokens_per_gpu_s, est.decode_tokens_per_gpu_s
         for rid in self.started:
             seq = self.seqs.get(rid)
             if seq is None or rid not in self.prefilled:
                 continue
             generated = self._generated(seq, self.replicas[self.replica_of[rid]])
-            done += min(self.estimate[rid], self.prompt[rid] / pre + generated / dec)
+            done += est.done(self.estimate[rid], self.prompt[rid], generated)
         return max(0.0, self.in_flight_gpu_s - done)
 
     @staticmethod

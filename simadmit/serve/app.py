@@ -6,6 +6,14 @@ the simulator uses; an admitted request is routed as the scenario says and strea
 a rejected one gets 429 with `Retry-After` and `X-Queue-Predict-Wait`. Every backend's `/metrics` is polled
 each poll interval into the gateway's view (`backends`). Several gateway processes can stand in front of the
 same backends, each with its own view.
+
+When the `Gateway` sheds (`gateway.shed_lost_deadlines`, or the predictive policy's own setting) it is asked,
+each poll interval as the simulator asks it, which admitted requests with a deadline have lost it: one
+still waiting for its first token is dropped when even alone on an idle replica its answer would come too
+late, one answering once its deadline has passed. Its backend request is closed (vLLM aborts it), it leaves
+the books, and the client gets 503 `deadline_lost` (an error event, `deadline_passed`, in a stream already
+answering): the simulator's outcome is an abort, which the client does not retry, so no Retry-After. A
+stream's 200 is sent only with its first event, so that a request dropped before it gets its status.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from simadmit.admission.estimator import OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
 from simadmit.admission.view import EngineModel
-from simadmit.serve.backends import Backend, LivePool, parse_poll
+from simadmit.serve.backends import Backend, Flight, LivePool, parse_poll
 from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
 from simadmit.serve.inbound import (
     CHAT,
@@ -80,6 +88,7 @@ class GatewayServer:
             [p.max_request_tokens for p in world.pools],
             learner,
             engines,
+            shed_lost_deadlines=g.shed_lost_deadlines,
         )
         self.learn = learner is not None
         self.routing = g.routing
@@ -98,6 +107,7 @@ class GatewayServer:
                     prior,
                     s.http.on_stale,
                     p.limits.kv_capacity_tokens,
+                    p.estimator,
                 )  # fmt: skip
             )
         self.pool_of_tier = {world.tier_names[t]: p for t, p in enumerate(world.pool_of_tier)}
@@ -140,6 +150,8 @@ class GatewayServer:
                 self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, b)))
             for name in pool.dns_names:
                 self.pollers.append(asyncio.create_task(self.discovery_loop(p, pool, name)))
+        if self.gateway.sheds:
+            self.pollers.append(asyncio.create_task(self.shed_loop()))
         try:
             yield
         finally:
@@ -172,6 +184,29 @@ class GatewayServer:
                 self.pollers.append(asyncio.create_task(self.poll_loop(p, pool, backend)))
             self.refresh(p)
             await asyncio.sleep(self.discovery_interval_s)
+
+    async def shed_loop(self) -> None:
+        """Every poll interval, drop the admitted requests whose deadline is lost."""
+        while True:
+            await asyncio.sleep(self.poll_s)
+            self.shed_lost(self.now())
+
+    def shed_lost(self, now: float) -> None:
+        """Ask the gateway's rule about every own request with a deadline; drop those it says are lost."""
+        for p, pool in enumerate(self.pools):
+            for f in list(pool.flights.values()):
+                req = f.request
+                if req.deadline_s is None or not self.gateway.lost(req, p, now, f.started):
+                    continue
+                reason = "deadline_passed" if f.started else "deadline_lost"
+                message = (
+                    f"{req.tier} request shed: its deadline passed before its answer ended"
+                    if f.started
+                    else f"{req.tier} request shed: its answer can no longer come before its deadline"
+                )
+                failure = Failure(503, message, "service_unavailable", {"reason": reason, "tier": req.tier})
+                if f.exchange.drop(failure):
+                    self.metrics.shed.labels(pool.name, req.tier, reason).inc()
 
     def refresh(self, p: int) -> None:
         """Replace the gateway's view of pool `p` by a snapshot of the latest gauges and the books."""
@@ -298,16 +333,23 @@ class GatewayServer:
             partial(self.answering, pool, backend, req, admitted_s),
         )  # fmt: skip
         backend.aborters.add(exchange.abort)
+        pool.flights[req.id] = Flight(req, backend, estimate, exchange, int(body.route == CHAT))
         headers = {"X-Queue-Predict-Wait": f"{wait:.3f}"}
         watcher = asyncio.create_task(self.watch_disconnect(request, exchange))
         try:
             head = await exchange.next()
             if isinstance(head, Head) and head.status == 200 and body.stream:
-                watcher.cancel()  # from here the streaming response watches the client itself
-                return StreamingResponse(
-                    exchange.body_chunks(), media_type=head.content_type, headers=headers
-                )
-            rest = head if isinstance(head, Failure) else await exchange.read_rest()
+                first = await exchange.next()  # the 200 goes out with the first event, not before
+                if isinstance(first, bytes):
+                    watcher.cancel()  # from here the streaming response watches the client itself
+                    return StreamingResponse(
+                        exchange.body_chunks(first), media_type=head.content_type, headers=headers
+                    )
+                rest: bytes | Failure = first if isinstance(first, Failure) else b""  # or an empty body
+            elif isinstance(head, Failure):
+                rest = head
+            else:
+                rest = await exchange.read_rest()
         finally:
             watcher.cancel()
         if isinstance(rest, Failure):
@@ -334,12 +376,13 @@ class GatewayServer:
     ) -> None:
         """The backend is done with an admitted request, however it ended: release it from the books."""
         pool.release(backend, req.tier, estimate, exchange.answering, req.prompt_tokens)
+        pool.flights.pop(req.id, None)
         backend.aborters.discard(exchange.abort)
         if exchange.refused:
             pool.refused(backend)
         if exchange.client_gone:
             self.metrics.client_gone.inc()
-        elif exchange.failure is not None:
+        elif exchange.failure is not None and not exchange.shed:
             self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
         if exchange.completed and exchange.output_tokens is not None:
             self.gateway.observe_completion(req, exchange.output_tokens, self.now())

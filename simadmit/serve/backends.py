@@ -13,6 +13,12 @@ does not count yet stay invisible until it does. Between polls the
 `Gateway` object adds its own admits, exactly as in the simulator; work other gateways admitted since the
 last poll stays invisible, which is the staleness the headroom exists for.
 
+The snapshot's remaining work (`work: remaining`) is counted as the simulator's pool counts it: each own
+request whose answer has begun less its prefill and the tokens it has streamed back (one per server-sent
+event; a chat stream opens with an event naming the role), priced by the pool's estimator. A request not
+streamed shows no progress until it ends, and other gateways' requests none at all (vLLM publishes no
+per-request progress): both count in full, as under `work: admitted`.
+
 For engine-aware policies (`predicted_ttft`) the snapshot also carries one `ReplicaLoad` per available
 backend (`replica_load`): vLLM's running gauge, KV usage x the KV capacity its `vllm:cache_config_info`
 publishes (else the profile's), its `vllm:prompt_tokens_total` counter, the profile's batch slots, and from
@@ -33,10 +39,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
+from simadmit.admission.policies import Request
 from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 from simadmit.calibrate.metrics import EngineGauges, parse_cache_config, parse_gauges
 from simadmit.serve.discovery import is_discovered
+from simadmit.serve.upstream import Exchange
 
 # how fast the mean charged estimate follows new admits: about the last 50 requests. Until 50 are charged it
 # is their plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
@@ -89,6 +98,28 @@ class Backend:
     aborters: set[Callable[[str], None]] = field(default_factory=set)  # cut off its requests, saying why
 
 
+@dataclass(eq=False)
+class Flight:
+    """One admitted request in flight on a backend: what the gateway charged it and its trip there."""
+
+    request: Request
+    backend: Backend
+    estimate_gpu_s: float
+    exchange: Exchange
+    preamble_events: int = 0  # events its stream sends before the first token's (chat: the role)
+
+    @property
+    def started(self) -> bool:
+        """Known to be in a batch: its stream's first token is out. A request not streamed shows nothing
+        until its end, so it is taken as started (shed only once its deadline has passed)."""
+        return self.exchange.answering or not self.exchange.stream
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens streamed back so far (0 when not streamed)."""
+        return max(0, self.exchange.events - self.preamble_events)
+
+
 class LivePool:
     """The backends of one scenario pool and this gateway's books on them."""
 
@@ -101,8 +132,11 @@ class LivePool:
         prior_estimate_gpu_s: float,
         on_stale: str,
         kv_capacity_tokens: int = 0,
+        estimator: CostEstimator | None = None,
     ) -> None:
         self.name = name
+        self.estimator = estimator  # prices own requests' progress, for the remaining work
+        self.flights: dict[int, Flight] = {}  # own requests in flight, by request id
         self.backends = [Backend(u) for u in urls if not is_discovered(u)]
         self.dns_names = [u for u in urls if is_discovered(u)]
         self.gpus_per_replica = gpus_per_replica
@@ -192,13 +226,19 @@ class LivePool:
         if admitted and others_gpu_s:  # other gateways' work, in the mix of tiers this one admits
             for tier, n in self.admits_by_tier.items():
                 by_tier[tier] = by_tier.get(tier, 0.0) + others_gpu_s * n / admitted
+        done = 0.0
+        if self.estimator is not None:
+            for f in self.flights.values():
+                if f.exchange.answering and self.takes_work(f.backend):
+                    done += self.estimator.done(f.estimate_gpu_s, f.request.prompt_tokens, f.output_tokens)
         running = sum(b.gauges.running for b in live)
         waiting = sum(b.gauges.waiting for b in live)
         free = sum(max(0.0, self.max_num_seqs - b.gauges.running - b.gauges.waiting) for b in live)
         kv = sum(b.gauges.kv_usage for b in live) / len(live) if live else 0.0
         return PoolSnapshot(
             now, own + others_gpu_s, by_tier, int(waiting), int(running), int(free), kv,
-            len(live) * self.gpus_per_replica, replicas=tuple(self.replica_load(b) for b in live),
+            len(live) * self.gpus_per_replica, max(0.0, own - done) + others_gpu_s,
+            tuple(self.replica_load(b) for b in live),
         )  # fmt: skip
 
     def replica_load(self, b: Backend) -> ReplicaLoad:

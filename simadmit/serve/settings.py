@@ -81,14 +81,6 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
 def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None) -> ServeSettings:
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
-    (policy_spec,) = [p for p in spec.policies if policy_name(p) == chosen]
-    if isinstance(policy_spec, GpuSecondsSpec) and policy_spec.work == "remaining":
-        raise InputError(
-            [
-                f"--policy {chosen}: the live gateway cannot count remaining work (work: remaining) yet; "
-                "use work: admitted, or predicted_ttft"
-            ]
-        )
     http = spec.gateway.http
     return ServeSettings(
         world=world,

@@ -61,6 +61,11 @@ class GatewayMetrics:
         self.client_gone = Counter(
             f"{PREFIX}_client_disconnects", "admitted requests whose client left before the end", registry=r
         )
+        self.shed = Counter(
+            f"{PREFIX}_shed", "admitted requests dropped once their deadline was lost, by pool, tier and reason "
+            "(deadline_lost: before their first token; deadline_passed: answering)", ["pool", "tier", "reason"],
+            registry=r,
+        )  # fmt: skip
         self.predicted_wait = Gauge(
             f"{PREFIX}_predicted_wait_seconds", "in-flight GPU-seconds / available GPUs in this gateway's view",
             ["pool"], registry=r,

@@ -4,8 +4,10 @@ The backend is read in a task of its own that puts the response's head, its body
 failure) on a queue the client's response reads from. Either side can end it: a client that goes away
 cancels the task, which closes the backend connection (vLLM aborts a request whose client disconnects); a
 backend that stops answering is cut off from outside (`abort`), and the client gets a 503 instead of
-waiting. Whatever ends it, `on_done` runs exactly once, when the backend no longer works on the request, to
-release the request's GPU-seconds from the gateway's books.
+waiting; the gateway sheds one whose deadline is lost the same way (`shed`). Whatever ends it, `on_done` runs
+exactly once, when the backend no longer works on the request, to release the request's GPU-seconds from the
+gateway's books. The server-sent events a stream has brought back are counted as they pass (`events`): vLLM
+sends one per decode step, which is how the gateway knows the tokens each request has decoded so far.
 
 When the gateway learns output lengths it asks a streaming backend for a final usage chunk
 (`stream_options.include_usage`) and drops that chunk again if the client had not asked for it; otherwise
@@ -28,15 +30,17 @@ class Head(NamedTuple):
 
 
 class Failure(NamedTuple):
-    """How a request ended without its backend's answer: the status and message the client gets."""
+    """How a request ended without its backend's answer: the status and message the client gets (and the
+    error's type and further fields, when the gateway itself ended it)."""
 
     status: int
     message: str
+    kind: str = "BackendError"
+    extra: dict[str, Any] | None = None
 
     def body(self) -> bytes:
-        return json.dumps(
-            {"error": {"message": self.message, "type": "BackendError", "code": self.status}}
-        ).encode()
+        error = {"message": self.message, "type": self.kind, "code": self.status, **(self.extra or {})}
+        return json.dumps({"error": error}).encode()
 
     def stream_event(self) -> bytes:
         return b"data: " + self.body() + b"\n\n"
@@ -79,6 +83,8 @@ class Exchange:
         self.refused = False  # the backend could not be reached
         self.failure: Failure | None = None
         self.client_gone = False  # the client left before the end
+        self.shed = False  # the gateway dropped it: its deadline was lost
+        self.events = 0  # server-sent events with a JSON body streamed back so far
         self.answering = False  # the backend's answer has begun (a stream's first token): it is in its counts
         self.on_answer = on_answer
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -145,6 +151,8 @@ class Exchange:
             self.answering = True
             if self.on_answer is not None:
                 self.on_answer()
+        if self.stream:  # an event cut across two chunks goes uncounted: the work left looks larger
+            self.events += chunk.count(b"data: {")
         self.queue.put_nowait(chunk)
 
     def _fail(self, failure: Failure) -> None:
@@ -160,6 +168,16 @@ class Exchange:
             self._fail(Failure(503, message))
             self.task.cancel()
 
+    def drop(self, failure: Failure) -> bool:
+        """Shed the request (its deadline is lost): the backend stops working on it, the client gets
+        `failure` (an error event in a stream that has started). False if it had already ended."""
+        if self.task.done() or self.failure is not None:
+            return False
+        self.shed = True
+        self._fail(failure)
+        self.task.cancel()
+        return True
+
     def close(self) -> None:
         """The client went away: stop the backend's work on the request (and wake whoever waits on it)."""
         if not self.task.done():
@@ -172,11 +190,13 @@ class Exchange:
     async def next(self) -> Item:
         return await self.queue.get()
 
-    async def body_chunks(self) -> AsyncIterator[bytes]:
-        """The rest of a streamed response; a failure becomes a final error event. Left early (the client
-        went away), it stops the backend's work."""
+    async def body_chunks(self, first: bytes = b"") -> AsyncIterator[bytes]:
+        """The rest of a streamed response, after `first` (already taken from the queue); a failure becomes
+        a final error event. Left early (the client went away), it stops the backend's work."""
         ended = False
         try:
+            if first:
+                yield first
             while True:
                 item = await self.queue.get()
                 if item is None or isinstance(item, Failure):

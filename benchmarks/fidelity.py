@@ -7,9 +7,9 @@ the Azure conversation trace's rate curve and burstiness) replays the workload `
 simulates the request list the first repeat sent on the calibrated profile, and writes the `compare`
 report. The repeats are the noise floor: the spread of the real system against itself.
 
-Noise: the load client shares the machine with the server (the engine's worker takes core 0, the API
-server core 1; this process is pinned to core 1 with the API server, which the worker never waits on), and
-on a shared machine other processes add their own noise: the load average is recorded before and after.
+Noise: the load client shares the machine with the server (the engine, scheduler and model worker, takes
+core 0 alone, `isolate_engine`; the API server, this process and what it starts core 1), and on a shared
+machine other processes add their own noise: the load average is recorded before and after.
 Run it alone, under the lock every user of the server takes:
 
     flock /tmp/vllm.lock python benchmarks/fidelity.py --out runs/fidelity
@@ -17,7 +17,9 @@ Run it alone, under the lock every user of the server takes:
         --duration 30 --out runs/fidelity-reduced          # the reduced form
 
 It prints the results table (the README's) and writes it to OUT/results.md, with every point's
-`compare` report under OUT/<arrival>-<load>/.
+`compare` report under OUT/<arrival>-<load>/. With `--resimulate` it starts no server: it fits the
+calibration measurements under OUT again with the current step model (OUT/profile-refit.yaml) and simulates
+the runs already there anew (OUT/results-refit.md), so a change of the model is checked on the same real runs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,8 +43,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simadmit.calibrate.fit import fit_step_model, fit_warnings, observations  # noqa: E402
+from simadmit.calibrate.measurements import read_measurements  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
+from simadmit.config.profile import load_profile, save_profile, summary_figures  # noqa: E402
 from simadmit.loadgen.plan import make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
@@ -184,10 +190,16 @@ def real_runs(out: Path, repeats: int) -> list[Run]:
     return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
 
 
-def simulate_and_compare(out: Path, repeats: int) -> pd.DataFrame:
-    """Simulate the request list the first real repeat under `out` sent (`replayed.yaml`) into OUT/sim and
-    write the compare table of the simulation against every repeat to OUT/compare.csv."""
-    sim_spec, sim_base = load_scenario(out / "real" / "repeat-1" / "replayed.yaml")
+def simulate_and_compare(out: Path, repeats: int, profile: Path | None = None) -> pd.DataFrame:
+    """Simulate the request list the first real repeat under `out` sent (`replayed.yaml`; on `profile` if
+    given, else the one it names) into OUT/sim and write the compare table of the simulation against every
+    repeat to OUT/compare.csv."""
+    replayed = out / "real" / "repeat-1" / "replayed.yaml"
+    doc = yaml.safe_load(replayed.read_text())
+    if profile is not None:
+        for pool in doc["pools"]:
+            pool["profile"] = str(profile.resolve())
+    sim_spec, sim_base = scenario_from_dict(doc, replayed), replayed.parent
     result = run_study(sim_spec, sim_base)
     write_folder(
         out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
@@ -195,6 +207,49 @@ def simulate_and_compare(out: Path, repeats: int) -> pd.DataFrame:
     table = compare(load_runs(out / "sim", None), real_runs(out, repeats), 0.0)
     table.to_csv(out / "compare.csv", index=False)
     return table
+
+
+def refit(out: Path) -> Path:
+    """Fit the calibration measurements under `out` again with the current step model and fit, into
+    OUT/profile-refit.yaml (the profile calibrated then is kept as it is)."""
+    profile = load_profile(out / "profile.yaml")
+    rows = read_measurements(out / "profile.measurements.csv")
+    obs, _ = observations(rows, profile.engine.max_num_batched_tokens)
+    fit = fit_step_model(obs)
+    prefill, decode = summary_figures(
+        fit.step, profile.engine, profile.kv_capacity_tokens, profile.gpus_per_replica
+    )
+    refitted = replace(
+        profile,
+        step_time=fit.step,
+        prefill_tokens_per_gpu_s=round(prefill, 2),
+        decode_tokens_per_gpu_s=round(decode, 2),
+        fit={**profile.fit, **fit.report()},
+        warnings=tuple(fit_warnings(fit, obs)),
+    )
+    path = out / "profile-refit.yaml"
+    save_profile(
+        refitted, path, "Refitted from profile.measurements.csv by benchmarks/fidelity.py --resimulate."
+    )
+    return path
+
+
+def resimulate(out: Path, repeats: int) -> str:
+    """Simulate the runs already under `out` anew on its refitted calibration; the results table."""
+    profile = refit(out)
+    before = json.loads((out / "results.json").read_text())
+    rows = []
+    for r in before["rows"]:
+        load = float(str(r["load"]).rstrip("%")) / 100
+        where = out / f"{r['arrivals']}-{load:g}"
+        table = simulate_and_compare(where, repeats, profile)
+        n = len(pd.read_parquet(where / "sim" / "requests.parquet"))
+        rows.append(row(str(r["arrivals"]), load, float(r["req/s"]), table, n, float(r["probe"])))
+    header = (f"re-simulated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {profile.name} (the same calibration "
+              f"measurements, fitted anew); real runs as in results.md")  # fmt: skip
+    text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
+    (out / "results-refit.md").write_text(text)
+    return text
 
 
 def row(
@@ -223,7 +278,12 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--resimulate", action="store_true",
+                    help="no server: refit the calibration under --out and simulate its runs anew")  # fmt: skip
     args = ap.parse_args()
+    if args.resimulate:
+        print(resimulate(args.out, args.repeats))
+        return
     if (args.out / "results.md").exists():
         sys.exit(f"{args.out} already holds results; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -277,18 +337,21 @@ def cpu_model() -> str:
 
 
 def isolate_engine() -> str:
-    """Give vLLM's model worker core 0 to itself and put this process (and what it starts) on core 1.
+    """Give vLLM's engine (its scheduler, `VLLM::EngineCore`, and its model worker, `VLLM::Worker`) core 0
+    to itself and put this process (and what it starts) on core 1.
 
     On 2 cores the engine's steps are what is measured: a load client, API server or calibration sharing
-    the worker's core slows every step (by 10-25% in one trial), so the placement is set here rather than
-    left to how the server bound its threads. Every thread of every `VLLM::Worker` process is moved (only
-    one server runs, under the lock). Returns what was done, for the results header."""
+    the worker's core slows every step (by 10-25% in one trial), and so does one sharing the scheduler's (a
+    busy loop on the API server's core slowed a lone decode by 11% with the scheduler there, 5% with it
+    beside the worker), so the placement is set here rather than left to how the server bound its threads.
+    Every thread of those processes is moved (only one server runs, under the lock). Returns what was done,
+    for the results header."""
     if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
         return "no core placement (one core)"
     workers = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker"):
+            if Path(f"/proc/{pid}/comm").read_text().startswith(("VLLM::Worker", "VLLM::EngineCor")):
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     os.sched_setaffinity(int(tid), {0})
                 workers.append(pid)
@@ -296,7 +359,7 @@ def isolate_engine() -> str:
             continue
     os.sched_setaffinity(0, {1})
     return (
-        f"vLLM worker {', '.join(workers)} alone on core 0, the rest on core 1"
+        f"vLLM engine {', '.join(workers)} alone on core 0, the rest on core 1"
         if workers
         else "no local worker"
     )

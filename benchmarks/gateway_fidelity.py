@@ -3,13 +3,15 @@ real vLLM CPU server, against `simadmit simulate` of the very requests sent, wit
 
 One tier (prompts lognormal around 128 tokens, sent as random token ids so nothing hits the prefix cache;
 64 output tokens with `ignore_eos`, so the truth equals `max_tokens` and both sides charge the same work);
-GPU-seconds admission (pool budget `max_pool_gpu_seconds` 12 x headroom 0.9); clients that retry twice,
-honouring Retry-After plus a jittered backoff (the default scenario's clients). For each load (a fraction of
-the capacity measured with a burst) and each number of gateway replicas (separate OS processes, each polling
-vLLM's `/metrics` every 200 ms into its own view; the attempts go to them in turn, as a round-robin load
-balancer sends them), the request list is replayed `--repeats` times with fresh gateways each time, the
-request list the first repeat sent (`replayed.yaml`) is simulated with the same gateway replicas and poll
-interval, and `compare` sets them side by side: rejection rate and latencies of admitted requests.
+GPU-seconds admission (pool budget `max_pool_gpu_seconds` 12 x headroom 0.9) or `predicted_ttft` (the chat
+tier's first token predicted within 3 s, from each backend's gauges and the profile's engine model); clients
+that retry twice, honouring Retry-After plus a jittered backoff (the default scenario's clients). For each
+policy, each load (a fraction of the capacity measured with a burst) and each number of gateway replicas
+(separate OS processes, each polling vLLM's `/metrics` every 200 ms into its own view; the attempts go to
+them in turn, as a round-robin load balancer sends them), the request list is replayed `--repeats` times
+with fresh gateways each time, the request list the first repeat sent (`replayed.yaml`) is simulated with
+the same gateway replicas and poll interval, and `compare` sets them side by side: rejection rate and
+latencies of admitted requests.
 
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
@@ -77,9 +79,12 @@ HEADROOM = 0.9
 BUDGET_LINE = MAX_POOL_GPU_S * HEADROOM
 POLL_S = 0.2
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
+TTFT_BUDGET_S = 3.0  # predicted_ttft: admit while the chat tier's first token is predicted within this
 POLICIES = {
     "gpu_seconds": {"kind": "gpu_seconds", "budgets_s": {"chat": 12.0}, "headroom": HEADROOM,
                     "max_pool_gpu_seconds": MAX_POOL_GPU_S},
+    "predicted_ttft": {"kind": "predicted_ttft", "budgets_s": {"chat": TTFT_BUDGET_S},
+                       "e2e_budgets_s": {"chat": 5 * TTFT_BUDGET_S}},
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """Fit the step-time model to SplitwiseSim's measured A100/H100 timings and print the tables of
 `calibration/README.md` (GPU evidence): coefficients per setup, and the error on the held-out largest prompt
-and batch, with the attention term and without it.
+and batch, of the fitted model and of the linear one without attention (the form profiles first had).
 
     python scripts/gpu_evidence.py [calibration/gpu_evidence/splitwise_perf_model.csv]
 """
@@ -25,7 +25,7 @@ def per_token_shape(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def both(e: Evidence, phase: str, prompt: int | None = None, batch: int | None = None) -> str:
-    """Held-out median error with the attention term / without it."""
+    """Held-out median error of the fitted model / of the linear one without attention."""
     w = e.held_out_error(e.fit, phase, prompt, batch)
     lin = e.held_out_error(e.linear, phase, prompt, batch)
     return "excluded" if pd.isna(w) else f"{w:+.1%} / {lin:+.1%}"
@@ -33,14 +33,15 @@ def both(e: Evidence, phase: str, prompt: int | None = None, batch: int | None =
 
 def main(path: Path) -> None:
     table = read_table(path)
-    print("| setup | overhead | per prompt token | per decode seq | per context token | per attention pair |"
-          " fit error prefill / decode (median) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| setup | overhead | weights' read | per prompt token | per decode seq | per context token |"
+          " per attention pair | fit error prefill / decode (median) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     results = evidence(table)
     for e in results:
         s = e.fit.step
         print(
-            f"| {e.setup.label} | {s.overhead_s * 1e3:.1f} ms | {s.per_prefill_token_s * 1e6:.1f} us "
+            f"| {e.setup.label} | {s.overhead_s * 1e3:.1f} ms | {s.weights_read_s * 1e3:.1f} ms "
+            f"| {s.per_prefill_token_s * 1e6:.1f} us "
             f"| {s.per_decode_seq_s * 1e3:.3f} ms | {s.per_context_token_s * 1e9:.0f} ns "
             f"| {s.per_prefill_attention_s * 1e9:.1f} ns "
             f"| {e.fit.phases['prefill'].median_abs_residual:.1%} / {e.fit.phases['decode'].median_abs_residual:.1%} |"

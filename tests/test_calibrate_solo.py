@@ -34,13 +34,19 @@ LINEAR = StepTimeModel(A, PREFILL, DECODE, CONTEXT, 0.0)
 BUDGET = 8192  # every prompt below fits one chunk, so the hand formula has no chunking in it
 
 
+ROOFLINE = StepTimeModel(A, PREFILL, DECODE, CONTEXT, ATTENTION, weights_read_s=0.03)  # binds prompts < 300
+
+
 def by_hand(step: StepTimeModel, prompt: int, output: int) -> float:
     """One prefill step that holds the prompt and attends over P(P+1)/2 pairs, then output - 1 decode steps
-    of one sequence holding the prompt and the j tokens produced so far."""
-    prefill = step.overhead_s + (step.per_prefill_token_s + step.per_context_token_s) * prompt
-    prefill += step.per_prefill_attention_s * prompt * (prompt + 1) / 2
+    of one sequence holding the prompt and the j tokens produced so far; each step's linear layers take at
+    least the weights' read."""
+    prefill = step.overhead_s + max(step.weights_read_s, step.per_prefill_token_s * prompt)
+    prefill += step.per_context_token_s * prompt + step.per_prefill_attention_s * prompt * (prompt + 1) / 2
     decode = sum(
-        step.overhead_s + step.per_decode_seq_s + step.per_context_token_s * (prompt + j)
+        step.overhead_s
+        + max(step.weights_read_s, step.per_decode_seq_s)
+        + step.per_context_token_s * (prompt + j)
         for j in range(1, output)
     )
     return prefill + decode
@@ -50,14 +56,15 @@ def profile(step: StepTimeModel, budget: int = BUDGET) -> Profile:
     return Profile("m", "g", step, 1_000_000, EngineLimits(8, budget, 4096), 1.0, 1.0, kv_block_size=16)
 
 
+@pytest.mark.parametrize("step", [STEP, ROOFLINE], ids=["linear", "roofline"])
 @pytest.mark.parametrize(("prompt", "output"), [(16, 1), (2000, 1), (2000, 50), (300, 200)])
 def test_solo_service_time_is_quadratic_in_the_prompt_and_is_what_the_engine_takes(
-    prompt: int, output: int
+    step: StepTimeModel, prompt: int, output: int
 ) -> None:
     """The formula by hand, and a lone request's end-to-end time in the simulated engine, agree exactly."""
-    expected = by_hand(STEP, prompt, output)
-    assert solo_service_s(STEP, BUDGET, prompt, output) == pytest.approx(expected, rel=1e-12)
-    e2e = replay_on_profile(profile(STEP), np.array([0.0]), np.array([prompt]), np.array([output]))["e2e_s"][
+    expected = by_hand(step, prompt, output)
+    assert solo_service_s(step, BUDGET, prompt, output) == pytest.approx(expected, rel=1e-12)
+    e2e = replay_on_profile(profile(step), np.array([0.0]), np.array([prompt]), np.array([output]))["e2e_s"][
         0
     ]
     assert e2e == pytest.approx(expected, rel=1e-9)

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -184,20 +183,18 @@ def test_fit_predicts_held_out_ttft_and_inter_token_latency(
     concurrency 3 and 6 within the tolerances above. Inter-token latencies are predicted the way the fit reads them:
     decode steps of the batch plus the prefills of batch-mates that started during a request's decode."""
     p = calibrated.profile
-    coef = (p.step_time.overhead_s, p.step_time.per_prefill_token_s, p.step_time.per_decode_seq_s,
-            p.step_time.per_context_token_s, p.step_time.per_prefill_attention_s,
-            float(p.fit["ttft_offset_s"]))  # type: ignore[arg-type]  # fmt: skip
+    offset = float(p.fit["ttft_offset_s"])  # type: ignore[arg-type]
     report = []
     for prompt in (300, 1100):
         rows = as_rows(asyncio.run(_measure(vllm_server, prompt, 1, 1, 4)), "prefill", 1, prompt, 1)
         obs, _ = observations(rows, MAX_NUM_BATCHED_TOKENS)
-        predicted = statistics.median(float(np.dot(o.features(), coef)) for o in obs)
+        predicted = statistics.median(o.predict(p.step_time, offset) for o in obs)
         report.append(("ttft", prompt, 1, predicted, statistics.median(r.ttft_s for r in rows)))
     output = 48
     for concurrency in (3, 6):
         attempts = asyncio.run(_measure(vllm_server, 200, output, concurrency, 3))
         obs, _ = observations(as_rows(attempts, "decode", concurrency, 200, output), MAX_NUM_BATCHED_TOKENS)
-        predicted = statistics.median(float(np.dot(o.features(), coef)) / o.steps for o in obs)
+        predicted = statistics.median(o.predict(p.step_time) / o.steps for o in obs)
         measured = statistics.median(o.seconds / o.steps for o in obs)
         report.append(("itl", 200, concurrency, predicted, measured))
         pure = decode_step_s(p.step_time, concurrency, 200, output)

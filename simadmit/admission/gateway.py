@@ -58,9 +58,7 @@ def deadline_lost(
         return False
     if started:
         return now > request.deadline_s
-    alone = step.overhead_s + step.per_prefill_token_s * request.prompt_tokens
-    alone += (output_tokens - 1) * (step.overhead_s + step.per_decode_seq_s)
-    return now + alone > request.deadline_s
+    return now + step.fastest_s(request.prompt_tokens, output_tokens) > request.deadline_s
 
 
 class Gateway:

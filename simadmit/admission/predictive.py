@@ -249,11 +249,8 @@ class PredictedTtft(StatefulPolicy):
             return False
         if started:
             return now > request.deadline_s
-        s = view.engine.step
         output = min(float(request.max_tokens), self.outputs.expected(request.tier))
-        alone = s.overhead_s + s.per_prefill_token_s * request.prompt_tokens
-        alone += (output - 1) * (s.overhead_s + s.per_decode_seq_s)
-        return now + alone > request.deadline_s
+        return now + view.engine.step.fastest_s(request.prompt_tokens, output) > request.deadline_s
 
     def observe_first_token(self, request: Request, admitted_s: float, now: float) -> None:
         seen = self.pending.pop(request.id, None)

@@ -121,7 +121,7 @@ class EngineModel:
         context = load.kv_used + load.prefill_tokens + prompt_tokens
         if load.kv_capacity:
             context = min(context, load.kv_capacity)
-        decode = s.overhead_s + s.per_decode_seq_s * batch + s.per_context_token_s * context
+        decode = s.step_time(0, batch, context)
         prefill_share = min(0.95, (s.per_prefill_token_s + s.per_context_token_s) * load.prefill_rate_tps)
         return decode / (1.0 - prefill_share)
 
@@ -136,7 +136,7 @@ class EngineModel:
         s = self.step
         decoding = load.running
         per_step = max(1, self.max_num_batched_tokens - decoding)
-        decode_step = s.overhead_s + s.per_decode_seq_s * decoding + s.per_context_token_s * load.kv_used
+        decode_step = s.step_time(0, decoding, load.kv_used)
         # the step in progress carries the head of the prompt queue and is, on average, half done
         chunk = min(per_step, load.prefill_tokens)
         t = 0.0

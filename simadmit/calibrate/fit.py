@@ -1,16 +1,18 @@
 """Least-squares fit of the step-time model to measured TTFTs and inter-token latencies.
 
-Each measurement becomes a sum of engine steps, which is linear in the model's coefficients:
+Each measurement becomes a sum of engine steps:
 - a prefill-sweep request (concurrency 1, one output token) has TTFT = the steps that compute its P prompt
   tokens in chunks of at most the token budget, each chunk attending to the context before it and to itself
   (`prefill_attention_pairs`), plus an offset: the latency outside the engine (HTTP, tokenisation);
 - a decode request at concurrency c spends output - 1 steps between its first and last token, each decoding
-  c sequences that hold c * (prompt + half the output) tokens of context, plus the prompt tokens (and their
-  attention) of other requests prefilled meanwhile.
-The TTFT offset is a sixth, nuisance coefficient, free in sign, so it does not leak into the step overhead,
-which the decode windows pin down. The five step coefficients are exactly those the simulated engine charges.
-Rows are weighted by 1/observed so a 0.2 s TTFT counts as much as a 5 s decode window (the fit minimises relative
-error), and coefficients are constrained to be non-negative, as the profile requires.
+  c sequences that hold c * (prompt + half the output) tokens of context; the steps that also prefill other
+  requests (found from their first tokens) carry those prompt tokens and their attention.
+Each step's linear layers cost max(weights_read_s, their arithmetic), as the simulated engine charges it
+(`StepTimeModel`): given which steps are memory-bound the sum is linear in the coefficients, so the fit
+alternates between sorting the steps and solving least squares (`_roofline`). The TTFT offset is a nuisance coefficient, free in sign, so it does
+not leak into the step costs, which the decode windows pin down. Rows are weighted by 1/observed so a 0.2 s
+TTFT counts as much as a 5 s decode window (the fit minimises relative error), and coefficients are
+constrained to be non-negative, as the profile requires.
 
 Every fifth request of each calibration cell is held out of the fit; the fit's error on those points is reported
 per phase and per prompt-length band, so a model that only interpolates its own points shows it.
@@ -35,36 +37,74 @@ COEFFICIENTS = (
     "per_decode_seq_s",
     "per_context_token_s",
     "per_prefill_attention_s",
+    "weights_read_s",
     "ttft_offset_s",
 )
 FITTED_PHASES = ("prefill", "decode", "mixed", "saturation")
 HOLDOUT_EVERY = 5  # request seq % 5 == 4 of each cell is held out
+MAX_ROUNDS = 30  # re-sorting steps into memory- and compute-bound settles in a few rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """`count` alike engine steps: what each computes and the context it holds."""
+
+    count: float
+    prefill_tokens: float
+    decode_seqs: float
+    context_tokens: float
+    attention_pairs: float = 0.0
+
+    def memory_bound(self, step: StepTimeModel) -> bool:
+        """Whether these steps' linear layers wait on the weights' read rather than on their arithmetic."""
+        arithmetic = step.per_prefill_token_s * self.prefill_tokens + step.per_decode_seq_s * self.decode_seqs
+        return arithmetic < step.weights_read_s
 
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One measured duration as a count of each cost term (a row of the design matrix)."""
+    """One measured duration: the engine steps it spans (and how many request latencies outside the engine)."""
 
     phase: str
-    steps: float
-    prefill_tokens: float
-    decode_seqs: float
-    context_tokens: float
-    attention_pairs: float
+    groups: tuple[Steps, ...]
     requests: float
     seconds: float
     prompt_tokens: int = 0  # of the measured request: its prompt-length band
     held_out: bool = False
 
-    def features(self) -> tuple[float, float, float, float, float, float]:
-        return (
-            self.steps,
-            self.prefill_tokens,
-            self.decode_seqs,
-            self.context_tokens,
-            self.attention_pairs,
-            self.requests,
+    def predict(self, step: StepTimeModel, ttft_offset_s: float = 0.0) -> float:
+        """Seconds the model gives this observation: each step as the engine charges it, plus the offsets."""
+        engine = sum(
+            g.count * step.step_time(g.prefill_tokens, g.decode_seqs, g.context_tokens, g.attention_pairs)
+            for g in self.groups
         )
+        return engine + ttft_offset_s * self.requests
+
+    def without_attention(self) -> Observation:
+        return replace(self, groups=tuple(replace(g, attention_pairs=0.0) for g in self.groups))
+
+    def _total(self, name: str) -> float:
+        return float(sum(g.count * getattr(g, name) for g in self.groups))
+
+    @property
+    def steps(self) -> float:
+        return float(sum(g.count for g in self.groups))
+
+    @property
+    def prefill_tokens(self) -> float:
+        return self._total("prefill_tokens")
+
+    @property
+    def decode_seqs(self) -> float:
+        return self._total("decode_seqs")
+
+    @property
+    def context_tokens(self) -> float:
+        return self._total("context_tokens")
+
+    @property
+    def attention_pairs(self) -> float:
+        return self._total("attention_pairs")
 
 
 def ttft_observation(
@@ -72,12 +112,11 @@ def ttft_observation(
 ) -> Observation:
     """TTFT of a lone request: its prompt prefilled in chunks of at most `token_budget` tokens; each chunk's
     step holds the context computed so far and attends to it."""
-    chunks = prefill_chunks(prompt_tokens, token_budget)
-    context = sum(offset + chunk for chunk, offset in chunks)
-    pairs = sum(prefill_attention_pairs(chunk, offset) for chunk, offset in chunks)
-    return Observation(
-        phase, len(chunks), prompt_tokens, 0.0, context, pairs, 1.0, seconds, prompt_tokens=prompt_tokens
+    chunks = tuple(
+        Steps(1.0, chunk, 0.0, offset + chunk, prefill_attention_pairs(chunk, offset))
+        for chunk, offset in prefill_chunks(prompt_tokens, token_budget)
     )
+    return Observation(phase, chunks, 1.0, seconds, prompt_tokens=prompt_tokens)
 
 
 def decode_observation(
@@ -88,24 +127,22 @@ def decode_observation(
     seconds: float = math.nan,
     phase: str = "decode",
     interfering_attention_pairs: float = 0.0,
+    interfering_prefills: int = 0,
 ) -> Observation:
     """The decode window of one request (first to last token: output - 1 steps) in a batch of `concurrency`
-    sequences, each holding its prompt and half its output on average, plus the prompt tokens (and their
-    attention pairs) of other requests whose prefill ran inside the window (chunked prefill mixes them into
-    the decode steps)."""
+    sequences, each holding its prompt and half its output on average. Other requests whose prefill ran
+    inside the window (`interfering_prefills` of them, with these prompt tokens and attention pairs) share
+    their steps with the decodes (chunked prefill): those steps carry a prompt each, the others only decode."""
     steps = output_tokens - 1
-    context = steps * concurrency * (prompt_tokens + output_tokens / 2) + interfering_prompt_tokens
-    return Observation(
-        phase,
-        steps,
-        interfering_prompt_tokens,
-        steps * concurrency,
-        context,
-        interfering_attention_pairs,
-        0.0,
-        seconds,
-        prompt_tokens=prompt_tokens,
-    )
+    context = concurrency * (prompt_tokens + output_tokens / 2)
+    mixed = min(steps, interfering_prefills) if interfering_prompt_tokens else 0
+    groups = [Steps(steps - mixed, 0.0, concurrency, context)]
+    if mixed:
+        tokens = interfering_prompt_tokens / mixed
+        groups.append(
+            Steps(mixed, tokens, concurrency, context + tokens, interfering_attention_pairs / mixed)
+        )
+    return Observation(phase, tuple(g for g in groups if g.count), 0.0, seconds, prompt_tokens=prompt_tokens)
 
 
 def _typical(
@@ -172,6 +209,7 @@ def observations(
             window,
             r.phase,
             float(pairs_cumsum[hi] - pairs_cumsum[lo]),
+            int(hi - lo),
         )
         out.append(replace(o, held_out=held_out(r)))
     discarded = len(prefill) + len(decode) - len(out)
@@ -262,7 +300,8 @@ class FitResult:
     phases: dict[str, PhaseFit]
     held_out: dict[tuple[str, str], PhaseFit]  # (phase, prompt band) -> error on points left out of the fit
 
-    def coefficients(self) -> tuple[float, float, float, float, float, float]:
+    def coefficients(self) -> tuple[float, ...]:
+        """The fitted values in the order of `COEFFICIENTS`."""
         s = self.step
         return (
             s.overhead_s,
@@ -270,12 +309,13 @@ class FitResult:
             s.per_decode_seq_s,
             s.per_context_token_s,
             s.per_prefill_attention_s,
+            s.weights_read_s,
             self.ttft_offset_s,
         )
 
     def predict(self, o: Observation) -> float:
         """Predicted seconds of an observation, TTFT offset included."""
-        return float(np.dot(o.features(), self.coefficients()))
+        return o.predict(self.step, self.ttft_offset_s)
 
     def report(self) -> dict[str, object]:
         """The `fit:` section of the profile."""
@@ -304,27 +344,96 @@ def _by(obs: Sequence[Observation], pred: np.ndarray, key: Callable[[Observation
     return {k: _quality(y[idx], pred[idx]) for k, idx in groups.items()}
 
 
-def fit_step_model(obs: Sequence[Observation]) -> FitResult:
-    """Fit the five step coefficients and the per-request latency on the points not held out, and report the
-    error on the held-out ones; needs at least one point to fit."""
+def _design(obs: Sequence[Observation], step: StepTimeModel) -> np.ndarray:
+    """The rows of `COEFFICIENTS` for these observations, with each step group sorted as `step` prices it:
+    a memory-bound group counts its steps on `weights_read_s`, a compute-bound one its tokens on the
+    per-token and per-sequence costs; overhead and attention count either way."""
+    x = np.zeros((len(obs), len(COEFFICIENTS)))
+    for i, o in enumerate(obs):
+        for g in o.groups:
+            x[i, [0, 3, 4]] += g.count * np.array([1.0, g.context_tokens, g.attention_pairs])
+            if g.memory_bound(step):
+                x[i, 5] += g.count
+            else:
+                x[i, [1, 2]] += g.count * np.array([g.prefill_tokens, g.decode_seqs])
+        x[i, 6] = o.requests
+    return x
+
+
+def _solve(
+    obs: Sequence[Observation], y: np.ndarray, step: StepTimeModel, roofline: bool
+) -> tuple[StepTimeModel, float]:
+    """Least squares on relative error with each step sorted as `step` prices it."""
+    x = _design(obs, step)
+    columns = list(range(len(COEFFICIENTS))) if roofline else [0, 1, 2, 3, 4, 6]
+    coef = np.zeros(len(COEFFICIENTS))
+    coef[columns] = nonnegative_least_squares(
+        x[:, columns] / y[:, None], np.ones_like(y), free=[columns.index(6)]
+    )
+    return StepTimeModel(*(float(c) for c in coef[:6])), float(coef[6])
+
+
+def _relative_cost(obs: Sequence[Observation], y: np.ndarray, step: StepTimeModel, offset: float) -> float:
+    return float(sum((o.predict(step, offset) / t - 1.0) ** 2 for o, t in zip(obs, y, strict=True)))
+
+
+def _roofline(obs: Sequence[Observation], y: np.ndarray) -> tuple[StepTimeModel, float]:
+    """The least-squares step model with the weights' read as the floor of its linear layers.
+
+    Which steps the floor binds depends on the coefficients, so the fit alternates: sort every step group by
+    the current model, solve the (then linear) least squares, re-sort, until the sorting settles. It starts
+    from the purely linear fit with the weights' read set to each of a range of fractions of the lower half
+    of the measured per-step durations (it binds small steps), and keeps the start that ends with the least
+    error of the model as charged.
+    """
+    linear, offset = _solve(obs, y, StepTimeModel(0, 0, 0, 0), roofline=False)
+    best = (math.inf, linear, offset)
+    per_step = [t / o.steps for o, t in zip(obs, y, strict=True) if o.steps]
+    starts = np.quantile(per_step, np.linspace(0.0, 0.5, 6))[:, None] * np.linspace(0.2, 1.0, 5)[None, :]
+    for weights in np.unique(starts) if per_step else ():
+        step, sorting = replace(linear, weights_read_s=float(weights)), None
+        for _ in range(MAX_ROUNDS):
+            new_sorting = _design(obs, step)[:, 5].tobytes()
+            if new_sorting == sorting:
+                break
+            sorting = new_sorting
+            step, offset = _solve(obs, y, step, roofline=True)
+        cost = _relative_cost(obs, y, step, offset)
+        if cost < best[0]:
+            best = (cost, step, offset)
+    return best[1], best[2]
+
+
+def fit_step_model(obs: Sequence[Observation], roofline: bool = True) -> FitResult:
+    """Fit the step coefficients and the per-request latency on the points not held out, and report the
+    error on the held-out ones; needs at least one point to fit.
+
+    With `roofline`, the weights' read (`weights_read_s`) is fitted too, and kept only where it predicts
+    the held-out points better than the linear model does (or, with none held out, fits better): the floor
+    is a physical fact on CPUs and small GPU batches, but a kink placed from a few points can also mislead
+    beyond them, and the held-out points are what says which."""
     train = [o for o in obs if not o.held_out]
     test = [o for o in obs if o.held_out]
     if not train:
         raise ValueError("no observations to fit")
-    x = np.array([o.features() for o in train], dtype=float)
     y = np.array([o.seconds for o in train], dtype=float)
-    coef = nonnegative_least_squares(
-        x / y[:, None], np.ones_like(y), free=[COEFFICIENTS.index("ttft_offset_s")]
-    )
-    pred = x @ coef
+    step, offset = _solve(train, y, StepTimeModel(0, 0, 0, 0), roofline=False)
+    if roofline:
+        floor, floor_offset = _roofline(train, y)
+        judge = test or train
+        truth = np.array([o.seconds for o in judge], dtype=float)
+        gain = _relative_cost(judge, truth, step, offset) - _relative_cost(judge, truth, floor, floor_offset)
+        if gain > 1e-9 * len(judge):  # better by more than rounding
+            step, offset = floor, floor_offset
+    pred = np.array([o.predict(step, offset) for o in train])
     phases = _by(train, pred, lambda o: o.phase)
     held = {}
     if test:
-        pred_test = np.array([o.features() for o in test], dtype=float) @ coef
+        pred_test = np.array([o.predict(step, offset) for o in test])
         held = _by(test, pred_test, lambda o: (o.phase, prompt_band(o.prompt_tokens)))
     return FitResult(
-        step=StepTimeModel(*(float(c) for c in coef[:5])),
-        ttft_offset_s=float(coef[5]),
+        step=step,
+        ttft_offset_s=offset,
         n=len(train),
         r2=_r2(y, pred) or 0.0,
         phases={name: phases[name] for name in FITTED_PHASES if name in phases},

@@ -16,12 +16,12 @@ batched prefill is faster per token than a third of its setup's median is not a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from simadmit.calibrate.fit import FitResult, Observation, fit_step_model
+from simadmit.calibrate.fit import FitResult, Observation, Steps, fit_step_model
 from simadmit.config.profile import prefill_attention_pairs
 
 HARDWARE = {"a100-80gb": "A100-80GB", "h100-80gb": "H100-80GB", "h100-80gb-pcap": "H100-80GB power-capped"}
@@ -68,10 +68,10 @@ def observations(
         held = p == held_out_prompt or b == held_out_batch
         pairs = b * prefill_attention_pairs(int(p), 0)
         if b * p <= step_budget:
-            out.append(
-                Observation("prefill", 1, b * p, 0.0, b * p, pairs, 0.0, prompt_ms / 1e3, int(p), held)
-            )
-        out.append(Observation("decode", 1, 0.0, b, b * (p + t / 2), 0.0, 0.0, token_ms / 1e3, int(p), held))
+            prefill = (Steps(1.0, b * p, 0.0, b * p, pairs),)
+            out.append(Observation("prefill", prefill, 0.0, prompt_ms / 1e3, int(p), held))
+        decode = (Steps(1.0, 0.0, b, b * (p + t / 2)),)
+        out.append(Observation("decode", decode, 0.0, token_ms / 1e3, int(p), held))
     return out
 
 
@@ -109,6 +109,6 @@ def evidence(table: pd.DataFrame) -> list[Evidence]:
     out = []
     for (model, hardware, tp), rows in plausible(table).groupby(["model", "hardware", "tensor_parallel"]):
         obs = observations(rows, int(table.prompt_size.max()), int(table.batch_size.max()))
-        linear = fit_step_model([replace(o, attention_pairs=0.0) for o in obs])
+        linear = fit_step_model([o.without_attention() for o in obs], roofline=False)
         out.append(Evidence(Setup(str(model), str(hardware), int(str(tp))), obs, fit_step_model(obs), linear))
     return out

@@ -23,6 +23,7 @@ def print_calibration(result: Calibration, console: Console) -> None:
             p.step_time.per_prefill_attention_s * 1e9,
             "ns / (prompt token, context token)",
         ),
+        ("weights_read_s (least linear-layer time)", p.step_time.weights_read_s * 1e3, "ms / step"),
         ("ttft_offset_s (not part of the profile)", fit.ttft_offset_s * 1e3, "ms / request"),
     ):
         coefficients.add_row(name, f"{value:.4g} {unit}")

@@ -3,12 +3,15 @@
 This YAML file is the contract between `simadmit calibrate` (which writes it from measurements) and the
 simulator (which reads it). One engine iteration (a "step") lasts
 
-    overhead_s + per_prefill_token_s * prefill tokens + per_decode_seq_s * decode sequences
+    overhead_s + max(weights_read_s, per_prefill_token_s * prefill tokens + per_decode_seq_s * decode sequences)
                + per_context_token_s * context tokens held by the scheduled sequences
+               + per_prefill_attention_s * (prompt token, context token) pairs of the prefill chunks
 
-plus per_prefill_attention_s * (prompt token, context token) pairs of the prefill chunks, and the summary
-figures (prefill and decode tokens per GPU-second) feed the admission `CostEstimator`. What one request costs
-alone on an idle replica is `solo_service_s`, the one place that prices it.
+a roofline per part: the linear layers of a step that carries few tokens are bound by reading the weights
+from memory (`weights_read_s`), of one that carries many by their arithmetic; attention (reading the KV cache
+in decode, the quadratic pairs in prefill) adds to either. The summary figures (prefill and decode tokens per
+GPU-second) feed the admission `CostEstimator`. What one request costs alone on an idle replica is
+`solo_service_s`, the one place that prices it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class _StepTimeModel(BaseModel):
         default=0.0,
         ge=0,
         description="cost of each (prompt token computed, context token it attends to) pair: prefill's quadratic part",
+    )
+    weights_read_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="least time of a step's linear layers: reading the weights once (a small batch is memory-bound)",
     )
 
 
@@ -68,7 +76,8 @@ class _ProfileFile(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
-    """Cost of one engine iteration, in seconds: linear in the work it does, plus prefill attention.
+    """Cost of one engine iteration, in seconds: a fixed overhead, the linear layers (the tokens they carry,
+    but never less than reading the weights once: `weights_read_s`), and attention.
 
     A prefill chunk of c tokens starting at offset o attends to c*o + c*(c+1)/2 (token, context) pairs
     (`prefill_attention_pairs`); that term is what makes a long prompt cost more than linearly.
@@ -79,18 +88,30 @@ class StepTimeModel:
     per_decode_seq_s: float
     per_context_token_s: float
     per_prefill_attention_s: float = 0.0
+    weights_read_s: float = 0.0
+
+    def linear_layers_s(self, prefill_tokens: float, decode_seqs: float) -> float:
+        """The step's matrix products: their arithmetic on the tokens carried, or the weights' read if longer."""
+        return max(
+            self.weights_read_s,
+            self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs,
+        )
 
     def step_time(
-        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, attention_pairs: float = 0.0
+        self, prefill_tokens: float, decode_seqs: float, context_tokens: float, attention_pairs: float = 0.0
     ) -> float:
         """Duration of one step that computes these prefill tokens and decodes these sequences."""
         return (
             self.overhead_s
-            + self.per_prefill_token_s * prefill_tokens
-            + self.per_decode_seq_s * decode_seqs
+            + self.linear_layers_s(prefill_tokens, decode_seqs)
             + self.per_context_token_s * context_tokens
             + self.per_prefill_attention_s * attention_pairs
         )
+
+    def fastest_s(self, prompt_tokens: float, output_tokens: float) -> float:
+        """A lower bound on one request's service: its prompt in one step, then each further output token at
+        the emptiest decode step, context and attention left out. Only what cannot make it even so is late."""
+        return self.step_time(prompt_tokens, 0, 0) + max(0.0, output_tokens - 1) * self.step_time(0, 1, 0)
 
 
 def prefill_attention_pairs(chunk: int, offset: int) -> float:

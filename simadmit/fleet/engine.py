@@ -200,6 +200,7 @@ class BatchingEngine(Engine):
         self.c_dec = step.per_decode_seq_s
         self.c_ctx = step.per_context_token_s
         self.c_attn = step.per_prefill_attention_s
+        self.weights = step.weights_read_s
         self.max_seqs = limits.max_num_seqs
         self.budget = limits.max_num_batched_tokens
         self.kv_cap = limits.kv_capacity_tokens
@@ -352,10 +353,10 @@ class BatchingEngine(Engine):
         if self.observer is not None:
             self.observer(self.index, running, n_dec + prefill_tokens, self.kv_used)
         # the step time (profile.StepTimeModel.step_time, inlined: this runs once per event)
-        A = (
-            self.a + self.c_prefill * prefill_tokens + self.c_dec * n_dec + self.c_ctx * self.kv_used
-            + self.c_attn * pairs
-        )  # fmt: skip
+        linear = self.c_prefill * prefill_tokens + self.c_dec * n_dec
+        if linear < self.weights:  # a small batch's matrix products wait on reading the weights
+            linear = self.weights
+        A = self.a + linear + self.c_ctx * self.kv_used + self.c_attn * pairs
         k = 1
         if not prefills and not preempted:
             # decode only, and nobody can join: fast-forward to the first finish or to the last step

@@ -307,22 +307,24 @@ def test_two_gateways_see_each_other_only_through_polls(tmp_path: Path, poll_int
                     )
                 )
 
-                async def burst(base: str) -> list[int]:
+                async def burst(base: str, rejected: int) -> list[int]:
+                    """Send 12; once `rejected` have their answer (the admitted ones are held), those."""
                     rs = [
                         asyncio.create_task(client.post(f"{base}/v1/completions", json=completion()))
                         for _ in range(12)
                     ]
-                    await until(lambda: sum(t.done() for t in rs) >= 4)
+                    await until(lambda: sum(t.done() for t in rs) >= rejected)
                     return [t for t in rs if t.done()]  # type: ignore[misc]
 
-                first = await burst(u1)
+                first = await burst(u1, 4)
                 await until(lambda: fake.running == 8)
                 assert all(t.result().status_code == 429 for t in first)
                 if poll_interval_s < 1:
                     await until(lambda: g2.gateway.views[0].in_flight_gpu_s >= 8.0)
-                second = await burst(u2)
                 expected = 16 if poll_interval_s > 1 else 8
+                second = await burst(u2, 12 - (expected - 8))
                 await until(lambda: fake.running == expected)
+                assert all(t.result().status_code == 429 for t in second)
                 assert len(second) == 12 - (expected - 8)
                 assert g1.pools[0].own_gpu_s == pytest.approx(8 * COST)
                 fake.release()

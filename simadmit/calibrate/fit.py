@@ -57,8 +57,7 @@ class Steps:
 
     def memory_bound(self, step: StepTimeModel) -> bool:
         """Whether these steps' linear layers wait on the weights' read rather than on their arithmetic."""
-        arithmetic = step.per_prefill_token_s * self.prefill_tokens + step.per_decode_seq_s * self.decode_seqs
-        return arithmetic < step.weights_read_s
+        return step.arithmetic_s(self.prefill_tokens, self.decode_seqs) < step.weights_read_s
 
 
 @dataclass(frozen=True, slots=True)

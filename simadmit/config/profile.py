@@ -90,12 +90,13 @@ class StepTimeModel:
     per_prefill_attention_s: float = 0.0
     weights_read_s: float = 0.0
 
+    def arithmetic_s(self, prefill_tokens: float, decode_seqs: float) -> float:
+        """The arithmetic of the step's matrix products on the tokens it carries."""
+        return self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs
+
     def linear_layers_s(self, prefill_tokens: float, decode_seqs: float) -> float:
-        """The step's matrix products: their arithmetic on the tokens carried, or the weights' read if longer."""
-        return max(
-            self.weights_read_s,
-            self.per_prefill_token_s * prefill_tokens + self.per_decode_seq_s * decode_seqs,
-        )
+        """The step's matrix products: their arithmetic, or the weights' read if that takes longer."""
+        return max(self.weights_read_s, self.arithmetic_s(prefill_tokens, decode_seqs))
 
     def step_time(
         self, prefill_tokens: float, decode_seqs: float, context_tokens: float, attention_pairs: float = 0.0

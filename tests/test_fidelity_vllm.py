@@ -64,8 +64,9 @@ def test_replay_writes_tables_that_compare_reads(
 
 
 @pytest.mark.xfail(
-    reason="on the shared 2-core machine where it was written the simulation missed the target by 5-25 points "
-    "(TTFT too fast at 30%, E2E too slow at 90%); it prints its tables either way",
+    reason="on a shared 2-core machine the simulation missed the target by 5-25 points (TTFT too fast at 30%, "
+    "E2E too slow at 90%); on a quiet one, with the roofline step model, it met it (errors within 8%), but the "
+    "benchmark's Poisson points still miss E2E mean by 1-2 points; it prints its tables either way",
     strict=False,
 )
 def test_reduced_fidelity_meets_the_target_at_two_loads(

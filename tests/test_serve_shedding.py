@@ -181,7 +181,8 @@ def test_remaining_work_admits_more_once_answers_have_streamed(tmp_path: Path, w
     """10 x 0.9 = 9 GPU-seconds of room. Eight streams of 1.01 are admitted (8.08) and stall after 50 of
     their 100 tokens: each has worked off its prefill (0.01) and 50 tokens (0.50), so 8 x 0.50 = 4.0
     GPU-seconds remain, while the admitted work is still 8.08. A ninth request (8.08 + 1.01 > 9) is refused
-    on admitted work, and admitted on remaining work (4.0 + 1.01 <= 9)."""
+    on admitted work, and admitted on remaining work (4.0 + 1.01 <= 9); the predicted wait it is told
+    (X-Queue-Predict-Wait, and the gateway's gauge) is the work its policy counted, per GPU."""
 
     async def main() -> None:
         fake = FakeVllm(output_tokens=100)
@@ -207,6 +208,13 @@ def test_remaining_work_admits_more_once_answers_have_streamed(tmp_path: Path, w
                 request = client.build_request("POST", "/v1/completions", json=completion(stream=True))
                 ninth = await client.send(request, stream=True)
                 responses.append(ninth)
+                # the predicted wait the ninth is told, and the gauge, are the work the policy counted
+                counted = 8 * (COST - 0.51) if work == "remaining" else 8 * COST
+                assert float(ninth.headers["x-queue-predict-wait"]) == pytest.approx(counted, abs=1e-3)
+                metrics = (await client.get("/metrics")).text
+                gauge = 'simadmit_gateway_predicted_wait_seconds{pool="pool"} '
+                (line,) = [x for x in metrics.splitlines() if x.startswith(gauge)]
+                assert float(line.removeprefix(gauge)) == pytest.approx(counted, abs=1e-3)
                 if work == "remaining":
                     assert ninth.status_code == 200
                 else:

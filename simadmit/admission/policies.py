@@ -133,19 +133,19 @@ class GpuSeconds(AdmissionPolicy):
             max_pool = default_max_pool_gpu_s(gpus, self.budgets_s, self.default_budget_s)
         in_flight = view.in_flight_gpu_s
         limit = max_pool * self.headroom
+        wait = in_flight / gpus  # the prediction: what a gateway sends as X-Queue-Predict-Wait
         if in_flight >= max_pool:
-            return Decision(False, "pool_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus))
-        wait = in_flight / gpus
+            excess = (in_flight + estimate_gpu_s - limit) / gpus
+            return Decision(False, "pool_exhausted", retry_after(excess), wait)
         budget = self.wait_budget(request, now)
         if wait > budget:
-            return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)))
+            return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)), wait)
         if in_flight + estimate_gpu_s > limit:
-            return Decision(
-                False, "pool_headroom_exhausted", retry_after((in_flight + estimate_gpu_s - limit) / gpus)
-            )
+            excess = (in_flight + estimate_gpu_s - limit) / gpus
+            return Decision(False, "pool_headroom_exhausted", retry_after(excess), wait)
         cap = self.tier_max_gpu_s.get(request.tier)
         if cap is not None:
             mine = view.in_flight_by_tier.get(request.tier, 0.0) + estimate_gpu_s
             if mine > cap:
-                return Decision(False, "tier_share_exhausted", retry_after((mine - cap) / gpus))
-        return ADMIT
+                return Decision(False, "tier_share_exhausted", retry_after((mine - cap) / gpus), wait)
+        return ADMIT._replace(predicted_wait_s=wait)

@@ -257,8 +257,8 @@ class GatewayServer:
             return self.reject(
                 pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))
             )
-        self.metrics.decided(pool.name, tier, decision.reason, True, now)
         wait = self.predicted_wait(p, decision)
+        self.metrics.decided(pool.name, tier, decision.reason, True, now, wait)
         return await self.forward(request, body, pool, backend, req, estimate, wait, now)
 
     def predicted_wait(self, p: int, decision: Decision) -> float:
@@ -270,8 +270,8 @@ class GatewayServer:
         return view.in_flight_gpu_s / view.available_gpus if view.available_gpus else float("inf")
 
     def reject(self, pool: LivePool, p: int, tier: str, decision: Decision) -> Response:
-        self.metrics.decided(pool.name, tier, decision.reason, False, self.now())
         wait = self.predicted_wait(p, decision)
+        self.metrics.decided(pool.name, tier, decision.reason, False, self.now(), wait)
         shown = wait if wait != float("inf") else decision.retry_after_s
         headers = {"Retry-After": str(int(decision.retry_after_s)), "X-Queue-Predict-Wait": f"{shown:.3f}"}
         message = f"{tier} request rejected: {decision.reason}; retry after {int(decision.retry_after_s)} s"

@@ -8,6 +8,7 @@ reads it through a custom-metrics adapter.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -67,8 +68,9 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
         self.predicted_wait = Gauge(
-            f"{PREFIX}_predicted_wait_seconds", "in-flight GPU-seconds / available GPUs in this gateway's view",
-            ["pool"], registry=r,
+            f"{PREFIX}_predicted_wait_seconds", "the wait predicted at this gateway's latest decision: the "
+            "policy's own (gpu_seconds: in-flight, or remaining, work per GPU; predicted_ttft: the first token's), "
+            "else in-flight GPU-seconds per available GPU", ["pool"], registry=r,
         )  # fmt: skip
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_gpu_seconds", "predicted GPU-seconds in flight in this gateway's view",
@@ -95,16 +97,18 @@ class GatewayMetrics:
         )  # fmt: skip
         self.windows: dict[str, RefusalWindow] = {}
 
-    def decided(self, pool: str, tier: str, reason: str, admitted: bool, now: float) -> None:
+    def decided(self, pool: str, tier: str, reason: str, admitted: bool, now: float, wait: float) -> None:
+        """Count a decision and publish the wait it was made on (when finite)."""
         self.decisions.labels(pool, tier, reason).inc()
         self.windows.setdefault(pool, RefusalWindow()).record(now, not admitted)
+        if math.isfinite(wait):
+            self.predicted_wait.labels(pool).set(wait)
 
     def view(self, pool: LivePool, view: PoolView, now: float) -> None:
         """Publish a pool's state after a refresh of the view."""
         name = pool.name
         gpus = view.available_gpus
         refused = self.windows.setdefault(name, RefusalWindow()).refused_fraction(now)
-        self.predicted_wait.labels(name).set(view.in_flight_gpu_s / gpus if gpus else 0.0)
         self.in_flight.labels(name).set(view.in_flight_gpu_s)
         self.own_in_flight.labels(name).set(pool.own_gpu_s)
         self.load.labels(name).set(queue_wait_load(view.in_flight_gpu_s, gpus, refused))

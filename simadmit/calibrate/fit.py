@@ -9,10 +9,10 @@ Each measurement becomes a sum of engine steps:
   requests (found from their first tokens) carry those prompt tokens and their attention.
 Each step's linear layers cost max(weights_read_s, their arithmetic), as the simulated engine charges it
 (`StepTimeModel`): given which steps are memory-bound the sum is linear in the coefficients, so the fit
-alternates between sorting the steps and solving least squares (`_roofline`). The TTFT offset is a nuisance coefficient, free in sign, so it does
-not leak into the step costs, which the decode windows pin down. Rows are weighted by 1/observed so a 0.2 s
-TTFT counts as much as a 5 s decode window (the fit minimises relative error), and coefficients are
-constrained to be non-negative, as the profile requires.
+alternates between sorting the steps and solving least squares (`_roofline`). The TTFT offset is a nuisance
+coefficient, free in sign, so it does not leak into the step costs, which the decode windows pin down. Rows
+are weighted by 1/observed so a 0.2 s TTFT counts as much as a 5 s decode window (the fit minimises relative
+error), and coefficients are constrained to be non-negative, as the profile requires.
 
 Every fifth request of each calibration cell is held out of the fit; the fit's error on those points is reported
 per phase and per prompt-length band, so a model that only interpolates its own points shows it.
@@ -40,6 +40,7 @@ COEFFICIENTS = (
     "weights_read_s",
     "ttft_offset_s",
 )
+WEIGHTS, OFFSET = COEFFICIENTS.index("weights_read_s"), COEFFICIENTS.index("ttft_offset_s")
 FITTED_PHASES = ("prefill", "decode", "mixed", "saturation")
 HOLDOUT_EVERY = 5  # request seq % 5 == 4 of each cell is held out
 MAX_ROUNDS = 30  # re-sorting steps into memory- and compute-bound settles in a few rounds
@@ -352,52 +353,52 @@ def _design(obs: Sequence[Observation], step: StepTimeModel) -> np.ndarray:
         for g in o.groups:
             x[i, [0, 3, 4]] += g.count * np.array([1.0, g.context_tokens, g.attention_pairs])
             if g.memory_bound(step):
-                x[i, 5] += g.count
+                x[i, WEIGHTS] += g.count
             else:
                 x[i, [1, 2]] += g.count * np.array([g.prefill_tokens, g.decode_seqs])
-        x[i, 6] = o.requests
+        x[i, OFFSET] = o.requests
     return x
 
 
-def _solve(
-    obs: Sequence[Observation], y: np.ndarray, step: StepTimeModel, roofline: bool
-) -> tuple[StepTimeModel, float]:
+def _solve(obs: Sequence[Observation], step: StepTimeModel, roofline: bool) -> tuple[StepTimeModel, float]:
     """Least squares on relative error with each step sorted as `step` prices it."""
     x = _design(obs, step)
-    columns = list(range(len(COEFFICIENTS))) if roofline else [0, 1, 2, 3, 4, 6]
+    y = np.array([o.seconds for o in obs], dtype=float)
+    columns = [j for j in range(len(COEFFICIENTS)) if roofline or j != WEIGHTS]
     coef = np.zeros(len(COEFFICIENTS))
     coef[columns] = nonnegative_least_squares(
-        x[:, columns] / y[:, None], np.ones_like(y), free=[columns.index(6)]
+        x[:, columns] / y[:, None], np.ones_like(y), free=[columns.index(OFFSET)]
     )
-    return StepTimeModel(*(float(c) for c in coef[:6])), float(coef[6])
+    return StepTimeModel(*(float(c) for c in coef[:OFFSET])), float(coef[OFFSET])
 
 
-def _relative_cost(obs: Sequence[Observation], y: np.ndarray, step: StepTimeModel, offset: float) -> float:
-    return float(sum((o.predict(step, offset) / t - 1.0) ** 2 for o, t in zip(obs, y, strict=True)))
+def _relative_cost(obs: Sequence[Observation], step: StepTimeModel, offset: float) -> float:
+    return float(sum((o.predict(step, offset) / o.seconds - 1.0) ** 2 for o in obs))
 
 
-def _roofline(obs: Sequence[Observation], y: np.ndarray) -> tuple[StepTimeModel, float]:
+def _roofline(
+    obs: Sequence[Observation], linear: StepTimeModel, linear_offset: float
+) -> tuple[StepTimeModel, float]:
     """The least-squares step model with the weights' read as the floor of its linear layers.
 
     Which steps the floor binds depends on the coefficients, so the fit alternates: sort every step group by
     the current model, solve the (then linear) least squares, re-sort, until the sorting settles. It starts
-    from the purely linear fit with the weights' read set to each of a range of fractions of the lower half
-    of the measured per-step durations (it binds small steps), and keeps the start that ends with the least
+    from the linear fit with the weights' read set to each of a range of fractions of the lower half of
+    the measured per-step durations (it binds small steps), and keeps the start that ends with the least
     error of the model as charged.
     """
-    linear, offset = _solve(obs, y, StepTimeModel(0, 0, 0, 0), roofline=False)
-    best = (math.inf, linear, offset)
-    per_step = [t / o.steps for o, t in zip(obs, y, strict=True) if o.steps]
+    best = (math.inf, linear, linear_offset)
+    per_step = [o.seconds / o.steps for o in obs if o.steps]
     starts = np.quantile(per_step, np.linspace(0.0, 0.5, 6))[:, None] * np.linspace(0.2, 1.0, 5)[None, :]
     for weights in np.unique(starts) if per_step else ():
         step, sorting = replace(linear, weights_read_s=float(weights)), None
         for _ in range(MAX_ROUNDS):
-            new_sorting = _design(obs, step)[:, 5].tobytes()
+            new_sorting = _design(obs, step)[:, WEIGHTS].tobytes()
             if new_sorting == sorting:
                 break
             sorting = new_sorting
-            step, offset = _solve(obs, y, step, roofline=True)
-        cost = _relative_cost(obs, y, step, offset)
+            step, offset = _solve(obs, step, roofline=True)
+        cost = _relative_cost(obs, step, offset)
         if cost < best[0]:
             best = (cost, step, offset)
     return best[1], best[2]
@@ -415,15 +416,14 @@ def fit_step_model(obs: Sequence[Observation], roofline: bool = True) -> FitResu
     test = [o for o in obs if o.held_out]
     if not train:
         raise ValueError("no observations to fit")
-    y = np.array([o.seconds for o in train], dtype=float)
-    step, offset = _solve(train, y, StepTimeModel(0, 0, 0, 0), roofline=False)
+    step, offset = _solve(train, StepTimeModel(0, 0, 0, 0), roofline=False)
     if roofline:
-        floor, floor_offset = _roofline(train, y)
+        floor, floor_offset = _roofline(train, step, offset)
         judge = test or train
-        truth = np.array([o.seconds for o in judge], dtype=float)
-        gain = _relative_cost(judge, truth, step, offset) - _relative_cost(judge, truth, floor, floor_offset)
+        gain = _relative_cost(judge, step, offset) - _relative_cost(judge, floor, floor_offset)
         if gain > 1e-9 * len(judge):  # better by more than rounding
             step, offset = floor, floor_offset
+    y = np.array([o.seconds for o in train], dtype=float)
     pred = np.array([o.predict(step, offset) for o in train])
     phases = _by(train, pred, lambda o: o.phase)
     held = {}

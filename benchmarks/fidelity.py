@@ -190,20 +190,23 @@ def real_runs(out: Path, repeats: int) -> list[Run]:
     return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
 
 
-def simulate_and_compare(out: Path, repeats: int, profile: Path | None = None) -> pd.DataFrame:
-    """Simulate the request list the first real repeat under `out` sent (`replayed.yaml`; on `profile` if
-    given, else the one it names) into OUT/sim and write the compare table of the simulation against every
-    repeat to OUT/compare.csv."""
-    replayed = out / "real" / "repeat-1" / "replayed.yaml"
+def simulate_replayed(point: Path, into: Path, profile: Path | None = None) -> None:
+    """Simulate the request list the first real repeat under `point` sent (`replayed.yaml`; on `profile` if
+    given, else the one it names) into the run folder `into`."""
+    replayed = point / "real" / "repeat-1" / "replayed.yaml"
     doc = yaml.safe_load(replayed.read_text())
     if profile is not None:
         for pool in doc["pools"]:
             pool["profile"] = str(profile.resolve())
-    sim_spec, sim_base = scenario_from_dict(doc, replayed), replayed.parent
-    result = run_study(sim_spec, sim_base)
-    write_folder(
-        out / "sim", run_files(result, sim_spec, sim_base), {"command": "simulate", "partial": False}
-    )
+    spec, base = scenario_from_dict(doc, replayed), replayed.parent
+    result = run_study(spec, base)
+    write_folder(into, run_files(result, spec, base), {"command": "simulate", "partial": False})
+
+
+def simulate_and_compare(out: Path, repeats: int, profile: Path | None = None) -> pd.DataFrame:
+    """Simulate what the first real repeat under `out` sent into OUT/sim (`simulate_replayed`) and write the
+    compare table of the simulation against every repeat to OUT/compare.csv."""
+    simulate_replayed(out, out / "sim", profile)
     table = compare(load_runs(out / "sim", None), real_runs(out, repeats), 0.0)
     table.to_csv(out / "compare.csv", index=False)
     return table

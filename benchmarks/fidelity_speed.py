@@ -23,29 +23,16 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simadmit.cli.main import run_files  # noqa: E402
-from simadmit.config.loading import load_scenario  # noqa: E402
+from benchmarks.fidelity import simulate_replayed  # noqa: E402
 from simadmit.results.compare import compare, load_runs  # noqa: E402
-from simadmit.results.run_folder import write_folder  # noqa: E402
-from simadmit.study.runner import run_study  # noqa: E402
 
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
 
 
 def resimulate(point: Path, profile: Path, work: Path) -> dict[str, tuple[float, float, float]]:
     """(simulated, real mean, error) per key measure of one point, simulated on `profile`."""
-    doc = yaml.safe_load((point / "real" / "repeat-1" / "replayed.yaml").read_text())
-    for pool in doc["pools"]:
-        pool["profile"] = str(profile)
-    path = point / "real" / "repeat-1" / f"{profile.parent.name}.yaml"  # beside the original: same base
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
-        spec, base = load_scenario(path)
-        result = run_study(spec, base)
-    finally:
-        path.unlink()
     out = work / point.name
-    write_folder(out, run_files(result, spec, base), {"command": "simulate", "partial": False})
+    simulate_replayed(point, out, profile)
     repeats = sorted((point / "real").glob("repeat-*"))
     real = [r for folder in repeats for r in load_runs(folder, None)]
     table = compare(load_runs(out, None), real, 0.0)

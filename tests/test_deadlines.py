@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from simadmit.admission.estimator import CostEstimator
-from simadmit.admission.gateway import Gateway, deadline_lost
-from simadmit.admission.policies import PoolView, Request, Unconditional
+from simadmit.admission.gateway import Gateway
+from simadmit.admission.policies import PoolView, Request, Unconditional, deadline_lost
 from simadmit.admission.predictive import PredictedTtft
 from simadmit.admission.view import EngineModel, ReplicaLoad
 from simadmit.config.loading import load_scenario

@@ -21,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLearner, OutputQuantile
-from simadmit.admission.policies import AdmissionPolicy, Decision, PoolView, Request
+from simadmit.admission.policies import AdmissionPolicy, Decision, PoolView, Request, deadline_lost
 from simadmit.admission.predictive import OutputEwma, StatefulPolicy
 from simadmit.admission.view import EngineModel, ReplicaLoad, least_work
-from simadmit.config.profile import StepTimeModel
 
 TOO_LONG = Decision(False, "too_long", 0.0)  # HTTP 400: never retried
 
@@ -45,20 +44,6 @@ class PoolSnapshot:
     available_gpus: int  # GPUs of replicas that are serving
     remaining_gpu_s: float = 0.0  # in-flight work still to do (charged minus prefill and decode done)
     replicas: tuple[ReplicaLoad, ...] = ()  # per serving replica
-
-
-def deadline_lost(
-    request: Request, step: StepTimeModel, now: float, started: bool, output_tokens: float
-) -> bool:
-    """Post-queue shedding for any policy. A queued request is lost when even alone on an idle replica (its
-    prompt's prefill, then `output_tokens` at the fastest decode step) its answer would come after its
-    deadline; a running one once its deadline has passed (its answer is late whatever happens). Without a
-    learned output length the gateway counts one token: it sheds only what cannot make it."""
-    if request.deadline_s is None:
-        return False
-    if started:
-        return now > request.deadline_s
-    return now + step.fastest_s(request.prompt_tokens, output_tokens) > request.deadline_s
 
 
 class Gateway:

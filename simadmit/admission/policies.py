@@ -18,6 +18,7 @@ from simadmit.config.defaults import (
     DEFAULT_HEADROOM,
     default_max_pool_gpu_s,
 )
+from simadmit.config.profile import StepTimeModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,20 @@ class Decision(NamedTuple):
 
 
 ADMIT = Decision(True, "admitted")
+
+
+def deadline_lost(
+    request: Request, step: StepTimeModel, now: float, started: bool, output_tokens: float
+) -> bool:
+    """Post-queue shedding for any policy. A queued request is lost when even alone on an idle replica (its
+    prompt's prefill, then `output_tokens` at the fastest decode step) its answer would come after its
+    deadline; a running one once its deadline has passed (its answer is late whatever happens). Without a
+    learned output length the gateway counts one token: it sheds only what cannot make it."""
+    if request.deadline_s is None:
+        return False
+    if started:
+        return now > request.deadline_s
+    return now + step.fastest_s(request.prompt_tokens, output_tokens) > request.deadline_s
 
 
 def retry_after(seconds: float) -> float:

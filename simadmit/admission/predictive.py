@@ -30,6 +30,7 @@ from simadmit.admission.policies import (
     GpuSeconds,
     PoolView,
     Request,
+    deadline_lost,
     retry_after,
 )
 from simadmit.admission.view import least_work
@@ -245,12 +246,10 @@ class PredictedTtft(StatefulPolicy):
         answer is late whatever happens; vLLM aborts it as when a client disconnects). No more GPU time goes
         to answers nobody waits for. The door already refused what was predicted late; this catches what
         became late after admission."""
-        if not self.shed_lost_deadlines or request.deadline_s is None or view.engine is None:
+        if not self.shed_lost_deadlines or view.engine is None:
             return False
-        if started:
-            return now > request.deadline_s
         output = min(float(request.max_tokens), self.outputs.expected(request.tier))
-        return now + view.engine.step.fastest_s(request.prompt_tokens, output) > request.deadline_s
+        return deadline_lost(request, view.engine.step, now, started, output)
 
     def observe_first_token(self, request: Request, admitted_s: float, now: float) -> None:
         seen = self.pending.pop(request.id, None)

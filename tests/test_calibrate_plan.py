@@ -43,7 +43,8 @@ def test_plan_fits_the_budget_the_context_and_the_kv_cache() -> None:
     cells = plan_cells(
         max_model_len=2048, kv_capacity_tokens=93184, max_concurrency=16, budget_s=600, token_budget=2048
     )
-    assert [c.phase for c in cells] == ["warmup", "prefill"] + ["decode"] * 5 + ["mixed", "saturation"]
+    phases = ["warmup", "prefill"] + ["decode"] * 5 + ["context"] * 2 + ["mixed", "saturation"]
+    assert [c.phase for c in cells] == phases
     assert sum(c.budget_s for c in cells) <= 600
     for c in cells:
         assert max(c.prompt_tokens) + c.output_tokens <= 2048
@@ -52,6 +53,27 @@ def test_plan_fits_the_budget_the_context_and_the_kv_cache() -> None:
     small_kv = plan_cells(max_model_len=8192, kv_capacity_tokens=20000, max_concurrency=16, budget_s=600)
     for c in small_kv[-2:]:
         assert c.concurrency * (max(c.prompt_tokens) + c.output_tokens) <= 20000
+
+
+def test_context_cells_hold_long_prompts_at_two_batch_sizes() -> None:
+    """Decode batches of the same size as the decode sweep's but holding long prompts (three quarters of the
+    context, one step's token budget at most, within each sequence's share of the KV cache): alone and at the
+    sweep's middle concurrency, so the cost of the context held is told apart from the cost per sequence."""
+    cells = plan_cells(2048, 93184, 16, 600, token_budget=2048)
+    decode = [c for c in cells if c.phase == "decode"]
+    context = [c for c in cells if c.phase == "context"]
+    assert [c.concurrency for c in context] == [1, 4]
+    for c in context:
+        assert c.prompt_tokens == (1536,) and c.output_tokens == decode[0].output_tokens
+        assert c.prompt_tokens[0] > 8 * decode[0].prompt_tokens[0]
+    big = plan_cells(131072, 400000, 64, 480, token_budget=8192)
+    assert [(c.concurrency, c.prompt_tokens) for c in big if c.phase == "context"] == [
+        (1, (8192,)),
+        (8, (8192,)),
+    ]
+    tight = plan_cells(8192, 20000, 16, 600, token_budget=8192)
+    for c in (c for c in tight if c.phase == "context"):
+        assert c.concurrency * (c.prompt_tokens[0] + c.output_tokens) <= 20000
 
 
 def test_mixed_cell_joins_long_prompts_to_a_decoding_batch() -> None:

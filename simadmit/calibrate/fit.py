@@ -41,7 +41,7 @@ COEFFICIENTS = (
     "ttft_offset_s",
 )
 WEIGHTS, OFFSET = COEFFICIENTS.index("weights_read_s"), COEFFICIENTS.index("ttft_offset_s")
-FITTED_PHASES = ("prefill", "decode", "mixed", "saturation")
+FITTED_PHASES = ("prefill", "decode", "context", "mixed", "saturation")
 HOLDOUT_EVERY = 5  # request seq % 5 == 4 of each cell is held out
 MAX_ROUNDS = 30  # re-sorting steps into memory- and compute-bound settles in a few rounds
 
@@ -171,7 +171,7 @@ def observations(
 ) -> tuple[list[Observation], int]:
     """The fit's data from successful rows, and how many were set aside as delivery artifacts.
 
-    Prefill-sweep rows give their TTFT; decode, mixed and saturation rows their decode window, timed from
+    Prefill-sweep rows give their TTFT; decode, context, mixed and saturation rows their decode window, timed from
     first to last token so chunks arriving in bursts do not matter; prefills of other requests inside a
     window are found from their first-token times. Each observation says whether its request is held out.
     """

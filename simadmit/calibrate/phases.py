@@ -1,11 +1,14 @@
-"""The calibration plan (warm-up, prefill sweep, decode sweep, mixed, saturation) and the closed-loop runner.
+"""The calibration plan (warm-up, prefill sweep, decode sweep, long-context decode, mixed, saturation) and the
+closed-loop runner.
 
 The plan is a list of cells, each a (phase, concurrency) pair with prompt and output lengths, a share of the
 time budget and a minimum number of requests. It depends only on the endpoint's context length, the KV
 capacity and the options, so a resumed run rebuilds the same plan and skips what the CSV already holds.
 It covers what users send: prompts from 16 tokens up to the context length (chunked when longer than the
-step's token budget), decode batches from 1 to the maximum concurrency, steps where long prefills join
-running decodes (mixed), and a saturated batch.
+step's token budget), decode batches from 1 to the maximum concurrency, the same batches holding long
+prompts (context: a decode step reads every token's KV, so its cost grows with the context held, which
+short-prompt batches cannot tell apart from their size), steps where long prefills join running decodes
+(mixed), and a saturated batch.
 
 A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
 exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the
@@ -32,7 +35,8 @@ from simadmit.config.errors import InputError, problem
 PHASE_SHARES = {
     "warmup": 0.04,
     "prefill": 0.30,
-    "decode": 0.40,
+    "decode": 0.32,
+    "context": 0.08,
     "mixed": 0.08,
     "saturation": 0.13,
 }  # the rest: drain tails
@@ -88,6 +92,15 @@ def mixed_prompts(
     return tuple(sorted({min(longest, token_budget // 2)} | ({chunked} if chunked <= longest else set())))
 
 
+def long_context_prompt(
+    max_model_len: int, token_budget: int, kv_capacity_tokens: int, concurrency: int, output_tokens: int
+) -> int:
+    """The prompt of a long-context decode cell: three quarters of the context, prefilled in one step, and
+    within each of `concurrency` sequences' share of the KV cache."""
+    kv_per_seq = int(0.9 * kv_capacity_tokens / concurrency) - output_tokens
+    return max(16, min(3 * max_model_len // 4, max_model_len - output_tokens, token_budget, kv_per_seq))
+
+
 def plan_cells(
     max_model_len: int,
     kv_capacity_tokens: int,
@@ -110,6 +123,11 @@ def plan_cells(
     sat_prompt = max(decode_prompt, min(max_model_len // 4, 1024, kv_per_seq))
     levels = concurrency_levels(c_max)
     per_level = budget_s * PHASE_SHARES["decode"] / len(levels)
+    context_levels = sorted({1, levels[len(levels) // 2]})
+    context_prompts = [
+        long_context_prompt(max_model_len, token_budget, kv_capacity_tokens, c, out_tokens)
+        for c in context_levels
+    ]
     lengths = tuple(
         sorted(
             set(prefill_lengths(max_model_len, token_budget))
@@ -124,6 +142,12 @@ def plan_cells(
         Cell("prefill", 1, lengths, 1, budget_s * PHASE_SHARES["prefill"], len(lengths)),
     ]
     cells += [Cell("decode", c, (decode_prompt,), out_tokens, per_level, c) for c in levels]
+    per_context = budget_s * PHASE_SHARES["context"] / len(context_levels)
+    cells += [
+        Cell("context", c, (p,), out_tokens, per_context, c)
+        for c, p in zip(context_levels, context_prompts, strict=True)
+        if p > decode_prompt
+    ]
     cells.append(Cell("mixed", c_mixed, mixed, mixed_out, budget_s * PHASE_SHARES["mixed"], c_mixed))
     cells.append(
         Cell("saturation", c_max, (sat_prompt,), out_tokens, budget_s * PHASE_SHARES["saturation"], c_max)

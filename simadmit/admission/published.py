@@ -125,7 +125,9 @@ class PoolBooks:
         left = self.own_by_tier.get(tier, 0.0) - gpu_s
         self.own_by_tier[tier] = left if left > 1e-12 else 0.0
 
-    def replica_load(self, books: ReplicaBooks, gauges: Gauges, kv_capacity: int, max_seqs: int) -> ReplicaLoad:
+    def replica_load(
+        self, books: ReplicaBooks, gauges: Gauges, kv_capacity: int, max_seqs: int
+    ) -> ReplicaLoad:
         """One replica as an engine-aware policy sees it. Every own request without a first token counts as
         waiting with its whole prompt (one vLLM already runs is counted twice, on the cautious side); other
         gateways' are only vLLM's waiting count beyond this gateway's own at the last poll, each with the

@@ -195,6 +195,12 @@ class GatewaySpec(Spec):
         "late; running: past it), whatever the policy; default: as the policy says (predicted_ttft's own "
         "setting; other policies never shed)",
     )
+    view: Literal["metrics", "exact"] = Field(
+        default="metrics",
+        description="what a simulated gateway polls: metrics = what a deployed gateway sees, vLLM's gauges "
+        "as published at the end of each engine step plus its own books, other gateways' requests priced "
+        "at its mean estimate; exact = every engine's current state and all gateways' exact charges",
+    )
     http: GatewayHttpSpec = Field(
         default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
     )

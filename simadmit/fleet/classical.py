@@ -49,6 +49,11 @@ class ClassicalServer(Engine):
     def has_room(self) -> bool:
         return self.current is None and self.n_waiting == 0
 
+    def gauges(self, now: float) -> tuple[int, int, int]:
+        """(running, waiting, KV tokens held) as a metrics endpoint would read: a server without steps
+        publishes its current state."""
+        return self.n_running, self.n_waiting, 0
+
     def submit(self, rid: int, prompt: int, target: int) -> Seq:
         seq = Seq(rid, prompt, target)
         self.waiting.append(seq)

@@ -29,12 +29,19 @@ one token per sequence per step, so the stretch's duration is an arithmetic seri
 abort) during a stretch cuts it at the end of the step in progress, as a real engine would only notice it
 there. Step boundaries are processed after every other event of their instant, so requests that arrive
 together start together.
+
+The engine publishes gauges as vLLM's /metrics does (`gauges`): the running and waiting requests and the KV
+tokens held as they stood at the end of the last finished step. vLLM takes new requests in between steps
+and publishes its scheduler's counts once a step is over, so a request submitted during a step shows in the
+gauges only at the end of the next one. Within a fast-forwarded stretch the gauges of its finished steps are
+derived from the stretch (the batch and queue only change at its end, save the submissions it records).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -224,6 +231,11 @@ class BatchingEngine(Engine):
         self.busy_periods: list[tuple[float, float]] = []
         self.busy_total = 0.0
         self.pending_aborts: list[Seq] = []
+        # the gauges at the end of the last step (see `gauges`), and when this segment's submissions came
+        self.pub_running = 0
+        self.pub_waiting = 0
+        self.pub_kv = 0
+        self.submitted_at: list[float] = []
         # the segment in progress
         self.gen = 0
         self.seg_start = 0.0
@@ -248,6 +260,7 @@ class BatchingEngine(Engine):
         self.arrivals += 1
         self.waiting.append(seq)
         self.n_waiting += 1
+        self.submitted_at.append(self.env.now)
         if not self.busy:  # the first step starts once every arrival of this instant is in
             self.busy = True
             self.busy_since = self.env.now
@@ -272,6 +285,18 @@ class BatchingEngine(Engine):
         self.pending_aborts.append(seq)
         self._cut()
 
+    def gauges(self, now: float) -> tuple[int, int, int]:
+        """(running, waiting, KV tokens held) as vLLM's gauges read at `now`: at the end of the last step
+        finished, without the requests submitted during that step (see module docstring)."""
+        k = self.seg_k
+        if k > 1:  # a stretch: its finished steps only decoded, and nothing left the batch or the queue
+            m = min(k - 1, self._steps_done(now - self.seg_start))
+            if m >= 1:
+                start = self.seg_start + (m - 1) * self.seg_A + self.seg_B * (m - 1) * (m - 2) / 2
+                late = len(self.submitted_at) - bisect_left(self.submitted_at, start)
+                return self.seg_n_dec, max(0, self.n_waiting - late), self.kv_used + self.seg_n_dec * (m - 1)
+        return self.pub_running, self.pub_waiting, self.pub_kv
+
     # --- the step loop -------------------------------------------------------------------------------
 
     def _on_wake(self, ev: Event) -> None:
@@ -279,6 +304,7 @@ class BatchingEngine(Engine):
             self._start_step()
 
     def _start_step(self) -> None:
+        self.submitted_at.clear()  # they are in the queue this step schedules from
         clock, block = self.clock, self.block
         n_dec = len(self.decoders)
         # running order: decoders (each needs a block when its last one is full), then the newest's chunk
@@ -513,6 +539,17 @@ class BatchingEngine(Engine):
         # an arrival within rounding of a boundary ends the step now, never in the past
         self._schedule(max(0.0, self.seg_start + m * A + B * m * (m - 1) / 2 - self.env.now))
 
+    def _steps_done(self, elapsed: float) -> int:
+        """Whole steps of the stretch in progress finished `elapsed` seconds after it started."""
+        A, B = self.seg_A, self.seg_B
+        if B > 0:
+            m = math.floor((-(A - B / 2) + math.sqrt((A - B / 2) ** 2 + 2 * B * elapsed)) / B + 1e-9)
+        else:
+            m = math.floor(elapsed / A + 1e-9)
+        while m > 0 and m * A + B * m * (m - 1) / 2 > elapsed + 1e-12:
+            m -= 1
+        return max(0, m)
+
     def _end_step(self) -> None:
         now = self.env.now
         k = self.seg_k
@@ -572,6 +609,16 @@ class BatchingEngine(Engine):
                 seq.state = DONE
             self.pending_aborts.clear()
             freed = True
+        # the gauges of this step's end: without the submissions during its last step
+        submitted = self.submitted_at
+        if submitted:
+            start = self.seg_start + (k - 1) * self.seg_A + self.seg_B * (k - 1) * (k - 2) / 2
+            late = len(submitted) - bisect_left(submitted, start)
+        else:
+            late = 0
+        self.pub_running = len(self.prefilling) + len(self.decoders)
+        self.pub_waiting = max(0, self.n_waiting - late)
+        self.pub_kv = self.kv_used
         if freed:
             listener.on_slot_free(self.index)
         self._start_step()

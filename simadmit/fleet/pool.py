@@ -25,6 +25,7 @@ import simpy
 
 from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
+from simadmit.admission.published import Gauges
 from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 from simadmit.config.profile import StepTimeModel
 from simadmit.fleet.classical import ClassicalServer
@@ -237,6 +238,19 @@ class Pool(EngineListener):
             now, self.in_flight_gpu_s, dict(self.in_flight_by_tier), self.queued, self.running, free,
             kv_used / kv_cap if kv_cap else 0.0, self.available_gpus, self.remaining_gpu_s(), tuple(loads),
         )  # fmt: skip
+
+    def gauges(self, r: int) -> Gauges:
+        """Replica `r`'s /metrics as a poll now reads them (the engine's gauges of its last step's end)."""
+        engine = self.replicas[r]
+        running, waiting, kv = engine.gauges(self.env.now)
+        cap = engine.kv_cap
+        return Gauges(
+            running, waiting, kv / cap if cap else 0.0, cap, self.prompt_tokens_total[r], self.env.now
+        )
+
+    def generated(self, rid: int) -> int:
+        """Output tokens request `rid` (in flight, past its first token) has produced so far."""
+        return self._generated(self.seqs[rid], self.replicas[self.replica_of[rid]])
 
     def remaining_gpu_s(self) -> float:
         """In-flight work still to do: each request's charge less its prefill (once its first token is out)

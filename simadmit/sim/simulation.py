@@ -19,13 +19,14 @@ import simpy
 
 from simadmit.admission.client import Client
 from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLearner, OutputQuantile
-from simadmit.admission.gateway import TOO_LONG, Gateway
+from simadmit.admission.gateway import TOO_LONG, Gateway, PoolSnapshot
 from simadmit.admission.policies import AdmissionPolicy, Request
 from simadmit.admission.predictive import StatefulPolicy
 from simadmit.admission.view import EngineModel
 from simadmit.fleet.autoscaler import HorizontalAutoscaler, queue_wait_load
 from simadmit.fleet.engine import StepObserver
 from simadmit.fleet.pool import Pool, RequestListener
+from simadmit.sim.gateway_view import GatewayView
 from simadmit.sim.ledger import ABANDONED, ABORTED, COMPLETED, IN_FLIGHT, PENDING, REJECTED, Ledger
 from simadmit.sim.ledger import TOO_LONG as TOO_LONG_OUTCOME
 from simadmit.sim.world import World
@@ -65,6 +66,14 @@ def policy_requests(workload: Workload) -> list[Request]:
             )
         )
     ]
+
+
+def prior_estimate(workload: Workload, tiers: tuple[int, ...], estimator: CostEstimator) -> float:
+    """What a gateway prices other gateways' requests at before it has charged any: as the live gateway,
+    the mean over the pool's tiers of a request with no prompt and the tier's largest max_tokens."""
+    asked = [workload.max_tokens[workload.tier == t] for t in tiers]
+    charges = [estimator.estimate(0, int(m.max())) for m in asked if len(m)]
+    return sum(charges) / len(charges) if charges else 0.0
 
 
 class Simulation(RequestListener):
@@ -134,6 +143,15 @@ class Simulation(RequestListener):
             for _ in range(g.replicas)
         ]
         self.live = g.poll_interval_s == 0
+        # each gateway's books, for its view from the engines' published gauges (None: the pools' exact state)
+        self.views: list[GatewayView] | None = None
+        if g.view == "metrics":
+            priors = [
+                prior_estimate(workload, cfg.tiers, est)
+                for cfg, est in zip(world.pools, estimators, strict=True)
+            ]
+            self.views = [GatewayView(priors, estimators) for _ in self.gateways]
+        self.sender = [0] * n  # the gateway that admitted each request
         self.next_gateway = 0
         self.client = Client(world.clients, np.random.default_rng([seed, 3]).random)
         self.pool_attempts = [0] * len(self.pools)
@@ -218,7 +236,7 @@ class Simulation(RequestListener):
         gateway = self.gateways[g]
         p = self.pool_of_tier[self.tier[rid]]
         if self.live:
-            gateway.refresh(p, self.pools[p].snapshot(self.oracle))
+            gateway.refresh(p, self._snapshot(g, p))
         request = self.requests[rid]
         decision, est = gateway.decide(request, p, now, self.output[rid] if self.oracle else None)
         led.att_rid.append(rid)
@@ -237,6 +255,9 @@ class Simulation(RequestListener):
             led.pool[rid] = p
             if self.sheds and request.deadline_s is not None:
                 self.waiting_with_deadline[rid] = p
+            self.sender[rid] = g
+            if self.views is not None:
+                self.views[g].admitted(p, request.tier, est, request.prompt_tokens)
             self.pools[p].admit(rid, request.tier, est)
             return
         self.pool_rejects[p] += 1
@@ -266,12 +287,20 @@ class Simulation(RequestListener):
 
     def on_routed(self, rid: int, replica: int) -> None:
         self.ledger.replica[rid] = replica
+        if self.views is not None:
+            p = self.ledger.pool[rid]
+            prompt = self.requests[rid].prompt_tokens
+            self.views[self.sender[rid]].routed(p, replica, self.pools[p].estimate[rid], prompt)
 
     def on_scheduled(self, rid: int, now: float) -> None:
         self.ledger.scheduled[rid] = now
 
     def on_first_token(self, rid: int, now: float) -> None:
         self.ledger.first_token[rid] = now
+        if self.views is not None:
+            led = self.ledger
+            view = self.views[self.sender[rid]]
+            view.answering(led.pool[rid], led.replica[rid], rid, self.requests[rid].prompt_tokens)
         self.gateways[0].observe_first_token(self.requests[rid], self.ledger.admit[rid], now)
 
     def on_finish(self, rid: int, now: float) -> None:
@@ -279,6 +308,7 @@ class Simulation(RequestListener):
         led = self.ledger
         led.finish[rid] = now
         led.outcome[rid] = COMPLETED
+        self._release(rid)
         self.gateways[0].observe_completion(self.requests[rid], self.output[rid], now, led.pool[rid])
         self._done(rid)
 
@@ -287,8 +317,19 @@ class Simulation(RequestListener):
         led = self.ledger
         led.finish[rid] = now
         led.outcome[rid] = ABORTED
+        self._release(rid)
         self.gateways[0].observe_abort(self.requests[rid], now)
         self._done(rid)
+
+    def _release(self, rid: int) -> None:
+        """A request admitted by a gateway ended: out of that gateway's books."""
+        if self.views is not None:
+            led, request = self.ledger, self.requests[rid]
+            p = led.pool[rid]
+            est = float(self.charged[p][rid])
+            self.views[self.sender[rid]].released(
+                p, led.replica[rid], rid, request.tier, est, request.prompt_tokens
+            )
 
     def on_abort_progress(self, rid: int, prompt_tokens: int, output_tokens: int) -> None:
         self.ledger.aborted_prompt_done[rid] = prompt_tokens
@@ -347,10 +388,17 @@ class Simulation(RequestListener):
 
     # --- gateway polling -------------------------------------------------------------------------------
 
+    def _snapshot(self, gw: int, p: int) -> PoolSnapshot:
+        """Pool `p` as gateway `gw` sees it now: from the published gauges and its own books, or, with the
+        exact view, the pool's own books."""
+        if self.views is None:
+            return self.pools[p].snapshot(self.oracle)
+        return self.views[gw].snapshot(p, self.pools[p], self.oracle)
+
     def _poll(self, gw: int) -> None:
         gateway = self.gateways[gw]
-        for p, pool in enumerate(self.pools):
-            gateway.refresh(p, pool.snapshot(self.oracle))
+        for p in range(len(self.pools)):
+            gateway.refresh(p, self._snapshot(gw, p))
 
     def _poll_loop(self, gw: int) -> None:
         self._poll(gw)

@@ -70,6 +70,7 @@ class GatewayConfig:
     dispatch: str
     estimate_output: str = "max_tokens"
     shed_lost_deadlines: bool | None = None  # None: as the policy says
+    view: str = "metrics"  # what each gateway polls: the published gauges and its books, or the exact state
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
     return World(
         pools=tuple(pools),
         gateway=GatewayConfig(
-            g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output, g.shed_lost_deadlines
+            g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output, g.shed_lost_deadlines,
+            g.view,
         ),
         clients=ClientConfig(
             c.max_retries,

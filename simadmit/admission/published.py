@@ -145,7 +145,7 @@ class PoolBooks:
             polled_at=gauges.polled_at,  # -inf before the first poll: no prefill rate from it
         )  # fmt: skip
 
-    def snapshot(
+    def pool_snapshot(
         self,
         now: float,
         replicas: Sequence[tuple[ReplicaBooks, Gauges]],

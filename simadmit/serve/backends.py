@@ -190,7 +190,7 @@ class LivePool(PoolBooks):
             for f in self.flights.values():
                 if f.exchange.answering and self.takes_work(f.backend):
                     done += self.estimator.done(f.estimate_gpu_s, f.request.prompt_tokens, f.output_tokens)
-        return super().snapshot(
+        return self.pool_snapshot(
             now, [(b, self.published(b)) for b in self.available()], self.max_num_seqs, self.gpus_per_replica,
             self.kv_capacity_tokens, done,
         )  # fmt: skip

@@ -84,7 +84,7 @@ class GatewayView:
             if pool.replica_of[rid] in serving
         )
         limits = pool.limits
-        snap = ledger.books.snapshot(
+        snap = ledger.books.pool_snapshot(
             pool.env.now, replicas, pool.replicas[0].max_seqs, pool.gpus_per_replica,
             limits.kv_capacity_tokens if limits is not None else 0, done,
         )  # fmt: skip

@@ -236,7 +236,7 @@ class Simulation(RequestListener):
         gateway = self.gateways[g]
         p = self.pool_of_tier[self.tier[rid]]
         if self.live:
-            gateway.refresh(p, self._snapshot(g, p))
+            gateway.refresh(p, self.snapshot(g, p))
         request = self.requests[rid]
         decision, est = gateway.decide(request, p, now, self.output[rid] if self.oracle else None)
         led.att_rid.append(rid)
@@ -388,7 +388,7 @@ class Simulation(RequestListener):
 
     # --- gateway polling -------------------------------------------------------------------------------
 
-    def _snapshot(self, gw: int, p: int) -> PoolSnapshot:
+    def snapshot(self, gw: int, p: int) -> PoolSnapshot:
         """Pool `p` as gateway `gw` sees it now: from the published gauges and its own books, or, with the
         exact view, the pool's own books."""
         if self.views is None:
@@ -398,7 +398,7 @@ class Simulation(RequestListener):
     def _poll(self, gw: int) -> None:
         gateway = self.gateways[gw]
         for p in range(len(self.pools)):
-            gateway.refresh(p, self._snapshot(gw, p))
+            gateway.refresh(p, self.snapshot(gw, p))
 
     def _poll_loop(self, gw: int) -> None:
         self._poll(gw)

@@ -186,7 +186,12 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
     return World(
         pools=tuple(pools),
         gateway=GatewayConfig(
-            g.replicas, g.poll_interval_s, g.routing, g.dispatch, g.estimate_output, g.shed_lost_deadlines,
+            g.replicas,
+            g.poll_interval_s,
+            g.routing,
+            g.dispatch,
+            g.estimate_output,
+            g.shed_lost_deadlines,
             g.view,
         ),
         clients=ClientConfig(

@@ -158,20 +158,24 @@ class PoolBooks:
         in-flight work is own at the estimates charged plus others' at the mean estimate, spread over tiers
         in the mix this gateway admits; what remains is own less `own_done_gpu_s` (the progress its own
         answers show) plus others' in full (vLLM publishes no per-request progress)."""
-        others = sum(b.others_at_poll for b, _ in replicas)
-        own = sum(b.own_gpu_s for b, _ in replicas)
+        others = own = running = waiting = free = kv = 0.0  # one pass: a simulation polls often
+        loads = []
+        for b, g in replicas:
+            others += b.others_at_poll
+            own += b.own_gpu_s
+            running += g.running
+            waiting += g.waiting
+            free += max(0.0, max_seqs - g.running - g.waiting)
+            kv += g.kv_usage
+            loads.append(self.replica_load(b, g, kv_capacity, max_seqs))
         others_gpu_s = others * self.mean_estimate
         by_tier = dict(self.own_by_tier)
         admitted = sum(self.admits_by_tier.values())
         if admitted and others_gpu_s:  # other gateways' work, in the mix of tiers this one admits
             for tier, n in self.admits_by_tier.items():
                 by_tier[tier] = by_tier.get(tier, 0.0) + others_gpu_s * n / admitted
-        running = sum(g.running for _, g in replicas)
-        waiting = sum(g.waiting for _, g in replicas)
-        free = sum(max(0.0, max_seqs - g.running - g.waiting) for _, g in replicas)
-        kv = sum(g.kv_usage for _, g in replicas) / len(replicas) if replicas else 0.0
         return PoolSnapshot(
-            now, own + others_gpu_s, by_tier, int(waiting), int(running), int(free), kv,
-            len(replicas) * gpus_per_replica, max(0.0, own - own_done_gpu_s) + others_gpu_s,
-            tuple(self.replica_load(b, g, kv_capacity, max_seqs) for b, g in replicas),
+            now, own + others_gpu_s, by_tier, int(waiting), int(running), int(free),
+            kv / len(replicas) if replicas else 0.0, len(replicas) * gpus_per_replica,
+            max(0.0, own - own_done_gpu_s) + others_gpu_s, tuple(loads),
         )  # fmt: skip

@@ -289,8 +289,9 @@ class BatchingEngine(Engine):
         """(running, waiting, KV tokens held) as vLLM's gauges read at `now`: at the end of the last step
         finished, without the requests submitted during that step (see module docstring)."""
         k = self.seg_k
-        if k > 1:  # a stretch: its finished steps only decoded, and nothing left the batch or the queue
-            m = min(k - 1, self._steps_done(now - self.seg_start))
+        elapsed = now - self.seg_start
+        if k > 1 and elapsed >= self.seg_A:  # a stretch: its finished steps only decoded, nobody left
+            m = min(k - 1, self._steps_done(elapsed))
             if m >= 1:
                 start = self.seg_start + (m - 1) * self.seg_A + self.seg_B * (m - 1) * (m - 2) / 2
                 late = len(self.submitted_at) - bisect_left(self.submitted_at, start)

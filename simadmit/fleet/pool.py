@@ -1,4 +1,4 @@
-"""Pool: a model's replicas behind the gateway, and the true state the gateway polls.
+"""Pool: a model's replicas behind the gateway, what their metrics endpoints publish, and their true state.
 
 It routes each admitted request to a serving replica (least predicted work, round-robin or fewest
 requests) or, with central dispatch, holds it in one FIFO queue until a replica has a free batch slot: the
@@ -12,6 +12,10 @@ add replicas (serving only after their cold start) and drain them (no new work; 
 With `priorities` (tier -> priority, lower first) its engines schedule by priority, as vLLM's
 `--scheduling-policy priority` with each request's priority set from its tier, and so is the central
 dispatch queue.
+
+A deployed gateway reads only each replica's published gauges (`gauges`: what vLLM's /metrics says, as of
+the end of its engine's last step) and keeps books of its own requests (`sim.gateway_view`); the exact
+`snapshot` is the view of `gateway.view: exact`.
 """
 
 from __future__ import annotations

@@ -72,17 +72,17 @@ class GatewayView:
         """Pool `p` as this gateway sees it now: its serving replicas' published gauges and its books; with
         `known_outputs` each batch's remaining decode steps too (a study's oracle)."""
         ledger = self.pools[p]
+        ledger.replica(len(pool.replicas) - 1)  # books for every replica, from here on indexed directly
         replicas = []
         for r in pool.serving:
-            books, gauges = ledger.replica(r), pool.gauges(r)
+            books, gauges = ledger.replicas[r], pool.gauges(r)
             books.count_others(gauges.running, gauges.waiting)
             replicas.append((books, gauges))
-        est, serving = self.estimators[p], set(pool.serving)
-        done = sum(
-            est.done(pool.estimate[rid], pool.prompt[rid], pool.generated(rid))
-            for rid in ledger.answering
-            if pool.replica_of[rid] in serving
-        )
+        est, serving, replica_of = self.estimators[p], set(pool.serving), pool.replica_of
+        done = 0.0
+        for rid in ledger.answering:
+            if replica_of[rid] in serving:
+                done += est.done(pool.estimate[rid], pool.prompt[rid], pool.generated(rid))
         limits = pool.limits
         snap = ledger.books.pool_snapshot(
             pool.env.now, replicas, pool.replicas[0].max_seqs, pool.gpus_per_replica,

@@ -1,11 +1,12 @@
 """Simulation: one run of one admission policy over one workload.
 
 Clients arrive open-loop (one chained event per arrival); each attempt goes to the next `Gateway` replica
-(round-robin), which decides against its possibly stale view; admitted requests enter a `Pool` of engines,
-rejected ones come back when the `Client` state machine says, and everything lands in a `Ledger`. The
-gateways, the client and the policies are the admission layer's plain objects: this module only wires
-events to them. SimPy's environment is used as a bare event scheduler with callbacks: no per-request
-processes, no pydantic, no per-token events.
+(round-robin), which decides against its possibly stale view (the engines' published gauges and its own
+books, `gateway_view`; with `gateway.view: exact` the pools' exact state); admitted requests enter a
+`Pool` of engines, rejected ones come back when the `Client` state machine says, and everything lands in a
+`Ledger`. The gateways, the client and the policies are the admission layer's plain objects: this module
+only wires events to them. SimPy's environment is used as a bare event scheduler with callbacks: no
+per-request processes, no pydantic, no per-token events.
 """
 
 from __future__ import annotations

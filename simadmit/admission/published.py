@@ -99,6 +99,23 @@ class PoolBooks:
         self.charges = 0
         self.own_by_tier: dict[str, float] = {}
         self.admits_by_tier: dict[str, int] = {}
+        self.rr = 0  # round-robin routing's last pick
+
+    def pick(self, replicas: Sequence[ReplicaBooks], routing: str) -> int:
+        """Index of the replica (of a non-empty list) an admitted request goes to. least_work: least
+        predicted work (own at its estimates, others' at the mean estimate); least_loaded: fewest requests;
+        round_robin: in turn."""
+        if routing == "round_robin":
+            self.rr = (self.rr + 1) % len(replicas)
+            return self.rr
+        if routing == "least_loaded":
+            return min(
+                range(len(replicas)), key=lambda i: replicas[i].own_requests + replicas[i].others_at_poll
+            )
+        mean = self.mean_estimate
+        return min(
+            range(len(replicas)), key=lambda i: replicas[i].own_gpu_s + replicas[i].others_at_poll * mean
+        )
 
     def charge(self, replica: ReplicaBooks, tier: str, gpu_s: float, prompt_tokens: int = 0) -> None:
         """An admitted request of `prompt_tokens` charged `gpu_s` is sent to `replica`."""

@@ -279,8 +279,9 @@ class Pool(EngineListener):
             return seq.gen_join + engine.clock - seq.join_clock
         return seq.generated
 
-    def admit(self, rid: int, tier: str, estimate_gpu_s: float) -> None:
-        """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it."""
+    def admit(self, rid: int, tier: str, estimate_gpu_s: float, replica: int | None = None) -> None:
+        """Take an admitted request, charged `estimate_gpu_s` by the gateway that admitted it and sent to
+        `replica` (None: routed by the pool's books, or held for central dispatch)."""
         self.in_flight_by_tier[tier] = self.in_flight_by_tier.get(tier, 0.0) + estimate_gpu_s
         self.tier_of[rid] = tier
         self.estimate[rid] = estimate_gpu_s
@@ -293,7 +294,7 @@ class Pool(EngineListener):
             self.in_queue.add(rid)
             self._dispatch()
         else:
-            self._send(rid, self._route())
+            self._send(rid, self._route() if replica is None else replica)
 
     def abort(self, rid: int) -> None:
         """The client went away: take the request out of the queue or the engine."""

@@ -122,7 +122,6 @@ class LivePool(PoolBooks):
         self.kv_capacity_tokens = kv_capacity_tokens  # the profile's, for backends that do not publish theirs
         self.keep_stale = on_stale == "last_known"
         self.peak_own_gpu_s = 0.0
-        self.rr = 0
 
     # --- availability -----------------------------------------------------------------------------------
 
@@ -208,15 +207,7 @@ class LivePool(PoolBooks):
         work (own at its estimates, others' at the mean estimate); least_loaded: fewest requests;
         round_robin: in turn."""
         live = self.available()
-        if not live:
-            return None
-        if routing == "round_robin":
-            self.rr = (self.rr + 1) % len(live)
-            return live[self.rr]
-        if routing == "least_loaded":
-            return min(live, key=lambda b: b.own_requests + b.others_at_poll)
-        mean = self.mean_estimate
-        return min(live, key=lambda b: b.own_gpu_s + b.others_at_poll * mean)
+        return live[self.pick(live, routing)] if live else None
 
     def charge(self, replica: ReplicaBooks, tier: str, gpu_s: float, prompt_tokens: int = 0) -> None:
         """An admitted request of `prompt_tokens` charged `gpu_s` is sent to `replica` (a backend)."""

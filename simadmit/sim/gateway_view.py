@@ -7,7 +7,8 @@ charge, answering and release. A poll builds its `PoolSnapshot` from each servin
 engine published them at the end of its last step) and these books, with the live gateway's rules: other
 gateways' work is seen only as counts at this gateway's mean estimate, and its own requests' progress is
 counted as a gateway streaming their tokens would count it. Requests a pool holds in its central dispatch
-queue are the gateway's own, not yet at any replica: in-flight, queued, with no progress.
+queue are the gateway's own, not yet at any replica: in-flight, queued, with no progress. Without central
+dispatch a gateway also routes as the live one does, by its books (`route`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ class GatewayView:
     def admitted(self, p: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
         """This gateway admitted a request to pool `p`: charged, held until the pool routes it."""
         self.pools[p].books.charge(self.pools[p].held, tier, gpu_s, prompt_tokens)
+
+    def route(self, p: int, pool: Pool, routing: str) -> int:
+        """The serving replica of pool `p` this gateway sends an admitted request to, by its books."""
+        ledger = self.pools[p]
+        ledger.replica(len(pool.replicas) - 1)
+        serving = pool.serving
+        return serving[ledger.books.pick([ledger.replicas[r] for r in serving], routing)]
 
     def routed(self, p: int, r: int, gpu_s: float, prompt_tokens: int) -> None:
         """Pool `p` sent one of this gateway's requests to replica `r`."""

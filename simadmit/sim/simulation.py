@@ -257,9 +257,12 @@ class Simulation(RequestListener):
             if self.sheds and request.deadline_s is not None:
                 self.waiting_with_deadline[rid] = p
             self.sender[rid] = g
+            pool, replica = self.pools[p], None
             if self.views is not None:
                 self.views[g].admitted(p, request.tier, est, request.prompt_tokens)
-            self.pools[p].admit(rid, request.tier, est)
+                if not pool.central:
+                    replica = self.views[g].route(p, pool, self.world.gateway.routing)
+            pool.admit(rid, request.tier, est, replica)
             return
         self.pool_rejects[p] += 1
         delay = self.client.after_rejection(rid, tries, decision.retry_after_s, now, self.deadline[rid])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
@@ -30,10 +31,10 @@ from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 ESTIMATE_SMOOTHING = 0.02
 
 
-@dataclass(frozen=True, slots=True)
-class Gauges:
+class Gauges(NamedTuple):
     """One replica's /metrics as last polled: running and waiting requests, KV-cache use (a fraction), its
-    KV capacity in tokens (0: not published), prompt tokens prefilled since it started, and when."""
+    KV capacity in tokens (0: not published), prompt tokens prefilled since it started, and when. (A named
+    tuple: a simulation builds one per replica per poll.)"""
 
     running: float
     waiting: float

@@ -29,13 +29,12 @@ def test_learner_is_cautious_until_warm_then_charges_the_mean_capped_at_max_toke
 def test_learned_estimates_admit_more_work_at_the_same_latency() -> None:
     """At 3x overload, charging the learned mean output instead of max_tokens brings the estimate close to the
     true cost, so the same GPU-seconds budget admits more work: more goodput, same interactive p99 TTFT.
-    The gateways see the exact work in flight: with the metrics view each prices the other's requests at the
-    mean of its own charges, which under learned estimates can stay at the cold learner's max_tokens
-    charges in a gateway that stops admitting (then it starves), a separate matter from the estimate."""
+    Two gateways on the metrics view, each pricing the other's requests at the mean of the estimates it makes:
+    a gateway that priced them at the mean of what it admitted only could stay at its cold learner's
+    max_tokens charges once it stopped admitting, and starve."""
 
     def run(mode: str) -> dict:
         spec, base = load_scenario(default_scenario(), {"gateway.estimate_output": mode, "workload.duration_s": 60,
-                                                        "gateway.view": "exact",
                                                         "policies": [{"kind": "gpu_seconds",
                                                                       "max_pool_gpu_seconds": 12}]})  # fmt: skip
         return run_scenario(spec, build_world(spec, base)).summary["gpu_seconds"]

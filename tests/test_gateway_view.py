@@ -32,8 +32,9 @@ def test_others_are_counted_from_the_gauges_and_priced_at_the_mean_estimate() ->
     waiting: 2 requests are another gateway's, priced 2 each, spread over this gateway's tier mix. Their
     waiting one has no published prompt: it counts at the mean prompt sent (300 tokens)."""
     books, replica = PoolBooks(prior_estimate_gpu_s=10.0), ReplicaBooks()
-    books.charge(replica, "chat", 1.0, 200)
-    books.charge(replica, "batch", 3.0, 400)
+    for tier, gpu_s, prompt in (("chat", 1.0, 200), ("batch", 3.0, 400)):
+        books.priced(gpu_s, prompt)
+        books.charge(replica, tier, gpu_s, prompt)
     assert (books.mean_estimate, books.mean_prompt) == (2.0, 300.0)  # the prior is gone after the first
     books.answering(replica, 200)
     books.answering(replica, 400)
@@ -48,6 +49,21 @@ def test_others_are_counted_from_the_gauges_and_priced_at_the_mean_estimate() ->
     (load,) = snap.replicas
     assert (load.waiting, load.prefill_tokens, load.kv_used) == (1, 300, 2000)
     assert load.work_gpu_s == pytest.approx(8.0)
+
+
+def test_the_price_of_others_work_follows_every_request_priced_admitted_or_not() -> None:
+    """A gateway whose first prices were high (a cold learner charging max_tokens) and that then rejects
+    everything still revises the price it puts on other gateways' requests: the mean follows every estimate
+    it makes, so it cannot stay starved behind a price nothing revises. Charging only books the work."""
+    books, replica = PoolBooks(prior_estimate_gpu_s=0.5), ReplicaBooks()
+    books.priced(0.5, 100)
+    books.charge(replica, "chat", 0.5, 100)
+    for _ in range(200):  # rejected: priced, never charged
+        books.priced(0.1, 100)
+    assert books.mean_estimate == pytest.approx(0.1, abs=0.01)
+    assert replica.own_gpu_s == 0.5 and books.own_by_tier == {"chat": 0.5}
+    books.charge(replica, "chat", 0.2, 100)  # charging alone leaves the price where it is
+    assert books.mean_estimate == pytest.approx(0.1, abs=0.01)
 
 
 def test_own_requests_without_a_first_token_count_only_as_far_as_vllm_reports_waiting() -> None:

@@ -73,6 +73,7 @@ def test_replica_load_is_own_unanswered_prompts_plus_others_waiting_at_the_mean_
     pool = LivePool("p", ["http://a"], 1, 8, 1.0, "unavailable", kv_capacity_tokens=5000)
     (a,) = pool.backends
     for prompt in (100, 300, 200):
+        pool.priced(1.0, prompt)
         pool.charge(a, "chat", 1.0, prompt)
     pool.answering(a, 100)
     pool.polled(a, Poll(EngineGauges(running=4, waiting=5, kv_usage=0.25), 0, 7000), now=2.0)

@@ -26,13 +26,14 @@ def run(coro: object) -> None:
 
 def test_snapshot_is_own_books_plus_others_at_the_mean_estimate() -> None:
     """In-flight work = this gateway's requests at their estimates + the requests a backend holds beyond
-    them at the mean estimate charged; others' work is spread over tiers in this gateway's admitted mix;
+    them at the mean estimate priced; others' work is spread over tiers in this gateway's admitted mix;
     a stale backend leaves the snapshot unless the scenario keeps it; a refused one until a poll answers."""
     pool = LivePool("p", ["http://a", "http://b"], 2, 64, prior_estimate_gpu_s=1.0, on_stale="unavailable")
     a, b = pool.backends
-    pool.charge(a, "chat", 1.0)
-    pool.charge(a, "batch", 3.0)
-    mean = 2.0  # the plain mean of the first charges: the prior is gone after the first
+    for tier, gpu_s in (("chat", 1.0), ("batch", 3.0)):
+        pool.priced(gpu_s, 0)
+        pool.charge(a, tier, gpu_s)
+    mean = 2.0  # the plain mean of the first prices: the prior is gone after the first
     assert pool.mean_estimate == pytest.approx(mean)
     pool.answering(a)
     pool.answering(a)

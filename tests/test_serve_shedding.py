@@ -63,6 +63,7 @@ def test_remaining_work_is_the_charges_less_what_streamed_answers_worked_off() -
     cases = [(True, True, 30, 0), (True, True, 31, 1), (False, False, 0, 0), (True, False, 0, 0)]
     cases.append((True, True, 500, 0))
     for rid, (stream, answering, events, preamble) in enumerate(cases):
+        pool.priced(COST, 10)
         pool.charge(a, "chat", COST, 10)
         if answering:
             pool.answering(a, 10)

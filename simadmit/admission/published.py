@@ -4,7 +4,7 @@ vLLM publishes per replica the requests running and waiting, the KV-cache use, t
 so far (`vllm:prompt_tokens_total`), and no predicted GPU-seconds nor anything per request. A gateway knows
 exactly only the requests it sent itself, at the estimates it charged. So its snapshot's in-flight work is
 its own requests at their estimates, plus the requests a replica holds beyond them (other gateways' work)
-counted from the gauges and priced at the mean estimate this gateway has been charging. vLLM's running and
+counted from the gauges and priced at the mean estimate of the requests this gateway has priced. vLLM's running and
 waiting gauges can leave out requests that have not produced a first token yet (measured on a CPU server,
 whose steps last seconds: `waiting` stayed 0 while up to half of the requests in flight waited for theirs),
 so of the gateway's own requests the count is taken to hold those whose answer has begun, and those not yet
@@ -25,8 +25,8 @@ from typing import NamedTuple
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 
-# how fast the mean charged estimate follows new admits: about the last 50 requests. Until 50 are charged it
-# is their plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
+# how fast the mean estimate follows the requests priced: about the last 50. Until 50 are priced it is their
+# plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
 # other gateways' requests low for minutes
 ESTIMATE_SMOOTHING = 0.02
 
@@ -90,12 +90,12 @@ class ReplicaBooks:
 
 
 class PoolBooks:
-    """One gateway's books of the work it admitted to one pool: the moving means of what it charged (the
+    """One gateway's books of the work it admitted to one pool: the moving means of what it priced (the
     price of others' requests), its own work by tier, and the snapshot rule."""
 
     def __init__(self, prior_estimate_gpu_s: float) -> None:
-        self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds charged per admit
-        self.mean_prompt = 0.0  # moving mean of the prompt tokens sent (and of their attention pairs)
+        self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds each request is priced at
+        self.mean_prompt = 0.0  # moving mean of the prompt tokens priced (and of their attention pairs)
         self.mean_pairs = 0.0
         self.charges = 0
         self.own_by_tier: dict[str, float] = {}
@@ -118,16 +118,21 @@ class PoolBooks:
             range(len(replicas)), key=lambda i: replicas[i].own_gpu_s + replicas[i].others_at_poll * mean
         )
 
+    def priced(self, gpu_s: float, prompt_tokens: int) -> None:
+        """This gateway estimated a request of `prompt_tokens` at `gpu_s`, admitted or not: the means follow
+        every request priced. Following only those admitted would let a gateway that rejects everything
+        (its early charges made at max_tokens, say) keep pricing others' work high, and so reject for good."""
+        self.charges += 1  # a plain mean of the first prices (the prior counts until the first), then moving
+        weight = max(ESTIMATE_SMOOTHING, 1 / self.charges)
+        self.mean_estimate += weight * (gpu_s - self.mean_estimate)
+        self.mean_prompt += weight * (prompt_tokens - self.mean_prompt)
+        self.mean_pairs += weight * (prompt_attention_pairs(prompt_tokens) - self.mean_pairs)
+
     def charge(self, replica: ReplicaBooks, tier: str, gpu_s: float, prompt_tokens: int = 0) -> None:
         """An admitted request of `prompt_tokens` charged `gpu_s` is sent to `replica`."""
         replica.add(gpu_s, prompt_tokens)
         self.own_by_tier[tier] = self.own_by_tier.get(tier, 0.0) + gpu_s
         self.admits_by_tier[tier] = self.admits_by_tier.get(tier, 0) + 1
-        self.charges += 1  # a plain mean of the first charges (the prior counts until the first), then moving
-        weight = max(ESTIMATE_SMOOTHING, 1 / self.charges)
-        self.mean_estimate += weight * (gpu_s - self.mean_estimate)
-        self.mean_prompt += weight * (prompt_tokens - self.mean_prompt)
-        self.mean_pairs += weight * (prompt_attention_pairs(prompt_tokens) - self.mean_pairs)
 
     @staticmethod
     def answering(replica: ReplicaBooks, prompt_tokens: int = 0) -> None:

@@ -250,6 +250,7 @@ class GatewayServer:
                 f"context of {limit} tokens"
             )
             return JSONResponse(error_body(400, message), status_code=400)
+        pool.priced(estimate, prompt_tokens)
         if not decision.admit:
             return self.reject(pool, p, tier, decision)
         backend = pool.route(self.routing)

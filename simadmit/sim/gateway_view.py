@@ -44,6 +44,10 @@ class GatewayView:
         self.pools = [PoolLedger(prior) for prior in priors]
         self.estimators = estimators  # price own requests' progress, as the live gateway's pool does
 
+    def priced(self, p: int, gpu_s: float, prompt_tokens: int) -> None:
+        """This gateway estimated a request for pool `p`, admitted or not."""
+        self.pools[p].books.priced(gpu_s, prompt_tokens)
+
     def admitted(self, p: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
         """This gateway admitted a request to pool `p`: charged, held until the pool routes it."""
         self.pools[p].books.charge(self.pools[p].held, tier, gpu_s, prompt_tokens)

@@ -251,6 +251,8 @@ class Simulation(RequestListener):
             return
         self.pool_attempts[p] += 1
         self.charged[p][rid] = est
+        if self.views is not None:
+            self.views[g].priced(p, est, request.prompt_tokens)
         if decision.admit:
             led.admit[rid] = now
             led.pool[rid] = p

@@ -5,7 +5,11 @@ calibrate`, measures its capacity for the workload below (a burst of requests ov
 each load (a fraction of that capacity) and arrival kind (Poisson, and bursty: gamma renewal with CV 3; or
 the Azure conversation trace's rate curve and burstiness) replays the workload `--repeats` times open-loop,
 simulates the request list the first repeat sent on the calibrated profile, and writes the `compare`
-report. The repeats are the noise floor: the spread of the real system against itself.
+report. The repeats are the noise floor: the spread of the real system against itself. They are taken in
+rounds, each replaying every point once, so a drift of the machine's speed over the hour (a lone request
+measured up to 20% faster late in a run than just after calibrating) shows as spread between every point's
+repeats rather than shifting the points run late against those run early; a speed probe before every
+replay records it.
 
 Noise: the load client shares the machine with the server (the engine, scheduler and model worker, takes
 core 0 alone, `isolate_engine`; the API server, this process and what it starts core 1), and on a shared
@@ -33,7 +37,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -48,7 +52,8 @@ from simadmit.calibrate.measurements import read_measurements  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.config.profile import load_profile, save_profile, summary_figures  # noqa: E402
-from simadmit.loadgen.plan import make_plan  # noqa: E402
+from simadmit.config.schema import ScenarioSpec  # noqa: E402
+from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.results.compare import Run, compare, load_runs, overall  # noqa: E402
@@ -165,24 +170,49 @@ def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> float:
     return float(sorted(ratios)[len(ratios) // 2]) if ratios else float("nan")
 
 
-def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,
-              seed: int) -> pd.DataFrame:  # fmt: skip
-    """Replay `repeats` times, simulate what the first repeat sent, compare; returns the compare table."""
+@dataclass(frozen=True)
+class Point:
+    """One load point: its folder, and the request plan every repeat sends."""
+
+    out: Path
+    spec: ScenarioSpec
+    base: Path
+    plan: Plan
+
+
+def prepare_point(profile: Path, rate: float, arrival: str, duration_s: float, out: Path, seed: int) -> Point:
+    """Write the point's scenario under `out` and plan its requests (the same list for every repeat)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario(profile, rate, arrival, duration_s, seed), sort_keys=False))
     spec, base = load_scenario(path)
-    plan = make_plan(spec, base)
-    for k in range(1, repeats + 1):
-        time.sleep(2.0)  # let the server settle between runs
-        run = replay(plan, ReplayConfig(url), random.Random())
-        facts = write_run(run, spec, base, out / "real" / f"repeat-{k}", "real")
-        lag = facts["send_lag_s"]
-        print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up: "  # type: ignore[index]
-              f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
-    table = simulate_and_compare(out, repeats)
-    write_cdfs(load_runs(out / "sim", None), real_runs(out, repeats), ["all"], 0.0, out)
+    return Point(out, spec, base, make_plan(spec, base))
+
+
+def replay_repeat(url: str, point: Point, k: int) -> None:
+    """Send the point's request list once, open-loop, into OUT/real/repeat-k."""
+    time.sleep(2.0)  # let the server settle between runs
+    run = replay(point.plan, ReplayConfig(url), random.Random())
+    facts = write_run(run, point.spec, point.base, point.out / "real" / f"repeat-{k}", "real")
+    lag = facts["send_lag_s"]
+    print(f"  {point.out.name} repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up: "  # type: ignore[index]
+          f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
+
+
+def finish_point(point: Point, repeats: int) -> pd.DataFrame:
+    """Simulate what the first repeat sent, compare against every repeat, draw the CDFs; the compare table."""
+    table = simulate_and_compare(point.out, repeats)
+    write_cdfs(load_runs(point.out / "sim", None), real_runs(point.out, repeats), ["all"], 0.0, point.out)
     return table
+
+
+def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,
+              seed: int) -> pd.DataFrame:  # fmt: skip
+    """Replay `repeats` times, simulate what the first repeat sent, compare; returns the compare table."""
+    point = prepare_point(profile, rate, arrival, duration_s, out, seed)
+    for k in range(1, repeats + 1):
+        replay_repeat(url, point, k)
+    return finish_point(point, repeats)
 
 
 def real_runs(out: Path, repeats: int) -> list[Run]:
@@ -247,7 +277,7 @@ def resimulate(out: Path, repeats: int) -> str:
         where = out / f"{r['arrivals']}-{load:g}"
         table = simulate_and_compare(where, repeats, profile)
         n = len(pd.read_parquet(where / "sim" / "requests.parquet"))
-        rows.append(row(str(r["arrivals"]), load, float(r["req/s"]), table, n, float(r["probe"])))
+        rows.append(row(str(r["arrivals"]), load, float(r["req/s"]), table, n, str(r["probe"])))
     header = (f"re-simulated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {profile.name} (the same calibration "
               f"measurements, fitted anew); real runs as in results.md")  # fmt: skip
     text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
@@ -256,11 +286,13 @@ def resimulate(out: Path, repeats: int) -> str:
 
 
 def row(
-    arrival: str, load: float, rate: float, table: pd.DataFrame, requests: int, speed: float
+    arrival: str, load: float, rate: float, table: pd.DataFrame, requests: int, probe: list[float] | str
 ) -> dict[str, object]:
+    """The results table's row of a point; `probe`: its speed probes (a range is shown), or as already shown."""
+    speed = probe if isinstance(probe, str) else f"{min(probe):.2f}-{max(probe):.2f}"
     t = table[table["tier"] == "all"].set_index("measure")
     cells: dict[str, object] = {"arrivals": arrival, "load": f"{load:.0%}", "req/s": f"{rate:.2f}",
-                                "requests": requests, "probe": f"{speed:.2f}"}  # fmt: skip
+                                "requests": requests, "probe": speed}  # fmt: skip
     for m in KEY:
         r = t.loc[m]
         cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
@@ -301,22 +333,32 @@ def main() -> None:
         print(f"capacity: {cap:.2f} requests/s", flush=True)
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
-        rows = []
-        for arrival in args.arrivals.split(","):
-            for load in (float(x) for x in args.loads.split(",")):
-                rate = load * cap
+        points = [
+            (arrival, load, prepare_point(profile, load * cap, arrival, args.duration, args.out / f"{arrival}-{load:g}", args.seed))
+            for arrival in args.arrivals.split(",")
+            for load in (float(x) for x in args.loads.split(","))
+        ]  # fmt: skip
+        probes: dict[Path, list[float]] = {p.out: [] for _, _, p in points}
+        for k in range(1, args.repeats + 1):  # round k replays every point once: drift spreads over all
+            for arrival, load, point in points:
                 speed = speed_probe(url, profile, args.out) / reference
-                print(f"{arrival} at {load:.0%} ({rate:.2f} req/s), speed probe {speed:.2f}", flush=True)
-                where = args.out / f"{arrival}-{load:g}"
-                table = run_point(url, profile, rate, arrival, args.duration, args.repeats, where, args.seed)
-                n = len(pd.read_parquet(where / "sim" / "requests.parquet"))
-                rows.append(row(arrival, load, n / args.duration, table, n, speed))
+                probes[point.out].append(speed)
+                print(
+                    f"round {k}: {arrival} at {load:.0%} ({load * cap:.2f} req/s), speed probe {speed:.2f}",
+                    flush=True,
+                )
+                replay_repeat(url, point, k)
+        rows = []
+        for arrival, load, point in points:
+            table = finish_point(point, args.repeats)
+            n = len(pd.read_parquet(point.out / "sim" / "requests.parquet"))
+            rows.append(row(arrival, load, n / args.duration, table, n, probes[point.out]))
     load_after = os.getloadavg()
     results = pd.DataFrame(rows)
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {placement}; capacity {cap:.2f} req/s; {args.repeats} "
-              f"repeats of {args.duration:.0f} s; probe: a lone request's time before the point over its time "
-              f"after calibrating; cells: sim / real mean (real range) error")  # fmt: skip
+              f"repeats of {args.duration:.0f} s; probe: a lone request's time before each replay of the point over its time "
+              f"after calibrating (range over the rounds); cells: sim / real mean (real range) error")  # fmt: skip
     text = header + "\n\n" + markdown(results) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")

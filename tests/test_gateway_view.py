@@ -10,7 +10,7 @@ import pytest
 import simpy
 
 from simadmit.admission.published import Gauges, PoolBooks, ReplicaBooks
-from simadmit.admission.view import prompt_attention_pairs
+from simadmit.admission.view import ahead_of, prompt_attention_pairs
 from simadmit.config.loading import load_scenario
 from simadmit.config.profile import StepTimeModel
 from simadmit.config.resources import default_scenario
@@ -207,3 +207,29 @@ def test_a_gateway_sees_its_own_work_exactly_and_the_rest_as_counts_at_its_mean_
         assert result.peak_in_flight_gpu_s[0] <= BUDGET + float(result.estimates[0].max())
     else:
         assert max(mispriced) > 0.5  # others' work is a count at this gateway's mean, not their charges
+
+
+def test_own_waiting_work_is_booked_by_priority_so_a_request_overtakes_lower_priorities() -> None:
+    """Engines scheduling by priority (chat 0 before batch 1): an own chat prompt of 100 tokens and a batch one
+    of 300 wait; vLLM reports 1 more waiting (another gateway's, of unknown priority: it stays ahead of any
+    request). A chat request waits behind the chat prompt and the other's, not behind the batch prompt; once
+    the batch prompt's answer begins it leaves the priority books."""
+    books, replica = PoolBooks(1.0, priorities={"chat": 0, "batch": 1}), ReplicaBooks()
+    for tier, prompt in (("chat", 100), ("batch", 300)):
+        books.priced(1.0, prompt)
+        books.charge(replica, tier, 1.0, prompt)
+    replica.count_others(running=0, waiting=3)
+    gauges = Gauges(running=0, waiting=3, kv_usage=0.0, kv_capacity=8000, polled_at=1.0)
+    load = books.replica_load(replica, gauges, 8000, 8)
+    assert (load.waiting, load.prefill_tokens) == (3, 100 + 300 + 200)  # the other's at the mean prompt
+    assert load.waiting_by_priority == {
+        0: (1, 100, prompt_attention_pairs(100)),
+        1: (1, 300, prompt_attention_pairs(300)),
+    }
+    chat = ahead_of(load, 0)
+    assert (chat.waiting, chat.prefill_tokens) == (2, 100 + 200)
+    assert ahead_of(load, 1) is load  # a batch request overtakes nobody
+    books.answering(replica, 300, "batch")
+    assert replica.own_pending_by_priority == {0: (1, 100, prompt_attention_pairs(100))}
+    books.release(replica, "chat", 1.0, answered=False, prompt_tokens=100)
+    assert replica.own_pending_by_priority == {} and replica.own_prefill_tokens == 0

@@ -18,8 +18,8 @@ simulated engine publishes them as vLLM does, at the end of each step) and its o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from simadmit.admission.gateway import PoolSnapshot
@@ -55,6 +55,8 @@ class ReplicaBooks:
     own_prefill_pairs: float = 0.0  # their prefill attention pairs
     others_at_poll: float = 0.0  # requests the replica held at the last poll beyond this gateway's own
     others_waiting: float = 0.0  # of them, those vLLM reported waiting
+    # under priority scheduling: priority -> (own requests without a first token, their prompt tokens, pairs)
+    own_pending_by_priority: dict[int, tuple[int, int, float]] = field(default_factory=dict)
 
     def count_others(self, running: float, waiting: float) -> None:
         """A poll read `running` and `waiting`: the requests in them beyond this gateway's own are
@@ -65,35 +67,54 @@ class ReplicaBooks:
         self.others_at_poll = max(0.0, running + waiting - counted_own)
         self.others_waiting = max(0.0, waiting - pending)
 
-    def add(self, gpu_s: float, prompt_tokens: int) -> None:
-        """An own request charged `gpu_s` with a prompt of `prompt_tokens` is sent here."""
+    def add(self, gpu_s: float, prompt_tokens: int, priority: int | None = None) -> None:
+        """An own request charged `gpu_s` with a prompt of `prompt_tokens` (of `priority`, when the replica
+        schedules by priority) is sent here."""
         self.own_requests += 1
         self.own_gpu_s += gpu_s
         self.own_prefill_tokens += prompt_tokens
         self.own_prefill_pairs += prompt_attention_pairs(prompt_tokens)
+        self._pending(priority, prompt_tokens, 1)
 
-    def prefilled(self, prompt_tokens: int) -> None:
+    def _pending(self, priority: int | None, prompt_tokens: int, sign: int) -> None:
+        """Count an own request without a first token in (or out of) its priority's books."""
+        if priority is None:
+            return
+        n, tokens, pairs = self.own_pending_by_priority.get(priority, (0, 0, 0.0))
+        n, tokens = n + sign, tokens + sign * prompt_tokens
+        if n:
+            pairs = max(0.0, pairs + sign * prompt_attention_pairs(prompt_tokens))
+            self.own_pending_by_priority[priority] = (n, tokens, pairs)
+        else:
+            self.own_pending_by_priority.pop(priority, None)
+
+    def prefilled(self, prompt_tokens: int, priority: int | None = None) -> None:
         """An own prompt leaves the prefill books (the pairs reset with the last, against rounding)."""
+        self._pending(priority, prompt_tokens, -1)
         self.own_prefill_tokens -= prompt_tokens
         if self.own_requests == self.own_answering:
             self.own_prefill_pairs = 0.0
         else:
             self.own_prefill_pairs = max(0.0, self.own_prefill_pairs - prompt_attention_pairs(prompt_tokens))
 
-    def remove(self, gpu_s: float, answered: bool, prompt_tokens: int) -> None:
+    def remove(self, gpu_s: float, answered: bool, prompt_tokens: int, priority: int | None = None) -> None:
         """An own request leaves (`answered`: after its first token)."""
         self.own_requests -= 1
         self.own_answering -= answered
         if not answered:
-            self.prefilled(prompt_tokens)
+            self.prefilled(prompt_tokens, priority)
         self.own_gpu_s = max(0.0, self.own_gpu_s - gpu_s) if self.own_requests else 0.0
 
 
 class PoolBooks:
     """One gateway's books of the work it admitted to one pool: the moving means of what it priced (the
-    price of others' requests), its own work by tier, and the snapshot rule."""
+    price of others' requests), its own work by tier, and the snapshot rule. When the pool's engines schedule
+    by priority (`priorities`: tier -> priority), its own requests without a first token are also booked by
+    priority, so an engine-aware policy lets a request overtake this gateway's waiting work of lower priority
+    (other gateways' waiting requests, of unknown priority, stay ahead of it)."""
 
-    def __init__(self, prior_estimate_gpu_s: float) -> None:
+    def __init__(self, prior_estimate_gpu_s: float, priorities: Mapping[str, int] | None = None) -> None:
+        self.priorities = priorities
         self.mean_estimate = prior_estimate_gpu_s  # moving mean of the GPU-seconds each request is priced at
         self.mean_prompt = 0.0  # moving mean of the prompt tokens priced (and of their attention pairs)
         self.mean_pairs = 0.0
@@ -128,23 +149,27 @@ class PoolBooks:
         self.mean_prompt += weight * (prompt_tokens - self.mean_prompt)
         self.mean_pairs += weight * (prompt_attention_pairs(prompt_tokens) - self.mean_pairs)
 
+    def priority(self, tier: str | None) -> int | None:
+        """The priority a request of `tier` carries on this pool's engines (None: FCFS, or tier unknown)."""
+        return None if self.priorities is None or tier is None else self.priorities.get(tier, 0)
+
     def charge(self, replica: ReplicaBooks, tier: str, gpu_s: float, prompt_tokens: int = 0) -> None:
         """An admitted request of `prompt_tokens` charged `gpu_s` is sent to `replica`."""
-        replica.add(gpu_s, prompt_tokens)
+        replica.add(gpu_s, prompt_tokens, self.priority(tier))
         self.own_by_tier[tier] = self.own_by_tier.get(tier, 0.0) + gpu_s
         self.admits_by_tier[tier] = self.admits_by_tier.get(tier, 0) + 1
 
-    @staticmethod
-    def answering(replica: ReplicaBooks, prompt_tokens: int = 0) -> None:
-        """An own request's answer has begun: vLLM counts it from now on, its prompt is prefilled."""
+    def answering(self, replica: ReplicaBooks, prompt_tokens: int = 0, tier: str | None = None) -> None:
+        """An own request (of `tier`) has begun its answer: vLLM counts it from now on, its prompt is
+        prefilled."""
         replica.own_answering += 1
-        replica.prefilled(prompt_tokens)
+        replica.prefilled(prompt_tokens, self.priority(tier))
 
     def release(
         self, replica: ReplicaBooks, tier: str, gpu_s: float, answered: bool = False, prompt_tokens: int = 0
     ) -> None:
         """An own request ended (`answered`: after its first token)."""
-        replica.remove(gpu_s, answered, prompt_tokens)
+        replica.remove(gpu_s, answered, prompt_tokens, self.priority(tier))
         left = self.own_by_tier.get(tier, 0.0) - gpu_s
         self.own_by_tier[tier] = left if left > 1e-12 else 0.0
 
@@ -166,6 +191,7 @@ class PoolBooks:
             round(gauges.kv_usage * capacity), capacity, max_seqs,
             books.own_gpu_s + books.others_at_poll * self.mean_estimate, gauges.prompt_tokens_total,
             polled_at=gauges.polled_at,  # -inf before the first poll: no prefill rate from it
+            waiting_by_priority=dict(books.own_pending_by_priority),
         )  # fmt: skip
 
     def pool_snapshot(

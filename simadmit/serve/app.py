@@ -108,6 +108,7 @@ class GatewayServer:
                     s.http.on_stale,
                     p.limits.kv_capacity_tokens,
                     p.estimator,
+                    p.priorities,
                 )  # fmt: skip
             )
         self.pool_of_tier = {world.tier_names[t]: p for t, p in enumerate(world.pool_of_tier)}
@@ -369,7 +370,7 @@ class GatewayServer:
     def answering(self, pool: LivePool, backend: Backend, req: Request, admitted_s: float) -> None:
         """The first token of an admitted request came back: its prompt leaves the books, and a learning
         policy compares the time it took with what it predicted."""
-        pool.answering(backend, req.prompt_tokens)
+        pool.answering(backend, req.prompt_tokens, req.tier)
         self.gateway.observe_first_token(req, admitted_s, self.now())
 
     def finished(

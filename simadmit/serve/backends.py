@@ -22,7 +22,7 @@ last known gauges.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -110,8 +110,9 @@ class LivePool(PoolBooks):
         on_stale: str,
         kv_capacity_tokens: int = 0,
         estimator: CostEstimator | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__(prior_estimate_gpu_s)
+        super().__init__(prior_estimate_gpu_s, priorities)
         self.name = name
         self.estimator = estimator  # prices own requests' progress, for the remaining work
         self.flights: dict[int, Flight] = {}  # own requests in flight, by request id

@@ -13,6 +13,7 @@ dispatch a gateway also routes as the live one does, by its books (`route`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from simadmit.admission.estimator import CostEstimator
@@ -24,8 +25,8 @@ from simadmit.fleet.pool import Pool, remaining_steps
 class PoolLedger:
     """One gateway's books on one pool: the shared rule's books, per replica, and its central-queue share."""
 
-    def __init__(self, prior_estimate_gpu_s: float) -> None:
-        self.books = PoolBooks(prior_estimate_gpu_s)
+    def __init__(self, prior_estimate_gpu_s: float, priorities: Mapping[str, int] | None = None) -> None:
+        self.books = PoolBooks(prior_estimate_gpu_s, priorities)
         self.replicas: list[ReplicaBooks] = []
         self.held = ReplicaBooks()  # admitted, in the pool's central dispatch queue
         self.answering: set[int] = set()  # own requests in flight past their first token
@@ -40,8 +41,18 @@ class PoolLedger:
 class GatewayView:
     """One simulated gateway's books on every pool, and the snapshots it polls."""
 
-    def __init__(self, priors: list[float], estimators: list[CostEstimator]) -> None:
-        self.pools = [PoolLedger(prior) for prior in priors]
+    def __init__(
+        self,
+        priors: list[float],
+        estimators: list[CostEstimator],
+        priorities: Sequence[Mapping[str, int] | None] | None = None,
+    ) -> None:
+        """Books per pool: `priors` price others' requests until this gateway has priced one; `priorities`:
+        each pool's tier -> priority when its engines schedule by priority (None: FCFS)."""
+        self.pools = [
+            PoolLedger(prior, levels)
+            for prior, levels in zip(priors, priorities or [None] * len(priors), strict=True)
+        ]
         self.estimators = estimators  # price own requests' progress, as the live gateway's pool does
 
     def priced(self, p: int, gpu_s: float, prompt_tokens: int) -> None:
@@ -59,17 +70,18 @@ class GatewayView:
         serving = pool.serving
         return serving[ledger.books.pick([ledger.replicas[r] for r in serving], routing)]
 
-    def routed(self, p: int, r: int, gpu_s: float, prompt_tokens: int) -> None:
-        """Pool `p` sent one of this gateway's requests to replica `r`."""
+    def routed(self, p: int, r: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
+        """Pool `p` sent one of this gateway's requests (of `tier`) to replica `r`."""
         ledger = self.pools[p]
-        ledger.held.remove(gpu_s, False, prompt_tokens)
-        ledger.replica(r).add(gpu_s, prompt_tokens)
+        level = ledger.books.priority(tier)
+        ledger.held.remove(gpu_s, False, prompt_tokens, level)
+        ledger.replica(r).add(gpu_s, prompt_tokens, level)
 
-    def answering(self, p: int, r: int, rid: int, prompt_tokens: int) -> None:
+    def answering(self, p: int, r: int, rid: int, tier: str, prompt_tokens: int) -> None:
         """An own request's first token came out."""
         ledger = self.pools[p]
         ledger.answering.add(rid)
-        ledger.books.answering(ledger.replica(r), prompt_tokens)
+        ledger.books.answering(ledger.replica(r), prompt_tokens, tier)
 
     def released(self, p: int, r: int, rid: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
         """An own request ended (finished or aborted) on replica `r` (-1: still in the central queue)."""

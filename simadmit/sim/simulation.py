@@ -151,7 +151,8 @@ class Simulation(RequestListener):
                 prior_estimate(workload, cfg.tiers, est)
                 for cfg, est in zip(world.pools, estimators, strict=True)
             ]
-            self.views = [GatewayView(priors, estimators) for _ in self.gateways]
+            levels = [cfg.priorities for cfg in world.pools]
+            self.views = [GatewayView(priors, estimators, levels) for _ in self.gateways]
         self.sender = [0] * n  # the gateway that admitted each request
         self.next_gateway = 0
         self.client = Client(world.clients, np.random.default_rng([seed, 3]).random)
@@ -296,7 +297,8 @@ class Simulation(RequestListener):
         if self.views is not None:
             p = self.ledger.pool[rid]
             prompt = self.requests[rid].prompt_tokens
-            self.views[self.sender[rid]].routed(p, replica, self.pools[p].estimate[rid], prompt)
+            tier = self.requests[rid].tier
+            self.views[self.sender[rid]].routed(p, replica, tier, self.pools[p].estimate[rid], prompt)
 
     def on_scheduled(self, rid: int, now: float) -> None:
         self.ledger.scheduled[rid] = now
@@ -306,7 +308,8 @@ class Simulation(RequestListener):
         if self.views is not None:
             led = self.ledger
             view = self.views[self.sender[rid]]
-            view.answering(led.pool[rid], led.replica[rid], rid, self.requests[rid].prompt_tokens)
+            request = self.requests[rid]
+            view.answering(led.pool[rid], led.replica[rid], rid, request.tier, request.prompt_tokens)
         self.gateways[0].observe_first_token(self.requests[rid], self.ledger.admit[rid], now)
 
     def on_finish(self, rid: int, now: float) -> None:

@@ -197,15 +197,20 @@ def peak(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
 
 def price_of_others(req: pd.DataFrame, estimator: CostEstimator, prior: float) -> float:
     """Mean, over admissions, of (the price a gateway puts on one request of another gateway: the mean of
-    the estimates it charged, kept by `serve.backends.LivePool`) / (the actual mean estimate)."""
-    a = req[req["decision"] == "admit"].sort_values("attempt_s")
-    w = estimator.estimate_many(a["prompt_tokens"].to_numpy(), a["max_tokens"].to_numpy())
+    the estimates it made, admitted or not, kept by `serve.backends.LivePool`) / (the actual mean estimate of
+    the requests admitted)."""
+    priced = req[req["reason"] != "too_long"].sort_values("attempt_s")
+    w = estimator.estimate_many(priced["prompt_tokens"].to_numpy(), priced["max_tokens"].to_numpy())
+    admitted = (priced["decision"] == "admit").to_numpy()
+    actual = float(np.mean(w[admitted])) if admitted.any() else float("nan")
     books: dict[int, LivePool] = {}
     ratios = []
-    for g, est in zip(a["gateway"].tolist(), w.tolist(), strict=True):
+    for g, est, prompt, admit in zip(priced["gateway"].tolist(), w.tolist(), priced["prompt_tokens"].tolist(),
+                                     admitted.tolist(), strict=True):  # fmt: skip
         pool = books.setdefault(g, LivePool("p", ["http://b"], 1, 1, prior, "unavailable"))
-        ratios.append(pool.mean_estimate / float(np.mean(w)))
-        pool.charge(pool.backends[0], "chat", est)
+        if admit:
+            ratios.append(pool.mean_estimate / actual)
+        pool.priced(est, int(prompt))
     return float(np.mean(ratios)) if ratios else float("nan")
 
 

@@ -30,7 +30,7 @@ LOADS = (0.3, 0.9)
 
 @pytest.fixture(scope="module")
 def profile(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return calibrate(vllm_server.url, tmp_path_factory.mktemp("fidelity"), "45s")
+    return calibrate(vllm_server.url, tmp_path_factory.mktemp("fidelity"), "90s")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -61,7 +61,7 @@ def test_the_budget_measures_through_a_gateway_process_on_a_fake_server(tmp_path
 
 @pytest.fixture(scope="module")
 def profile(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return calibrate(vllm_server.url, tmp_path_factory.mktemp("gateway-fidelity"), "45s")
+    return calibrate(vllm_server.url, tmp_path_factory.mktemp("gateway-fidelity"), "90s")
 
 
 def allowance(real_mean: float, real_range: float, requests: int) -> float:

@@ -18,10 +18,11 @@ simulated engine publishes them as vLLM does, at the end of each step) and its o
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 
@@ -29,6 +30,13 @@ from simadmit.admission.view import ReplicaLoad, prompt_attention_pairs
 # plain mean: a prior (a tier's max_tokens with no prompt) left to fade at this rate would price
 # other gateways' requests low for minutes
 ESTIMATE_SMOOTHING = 0.02
+
+
+def prior_price(estimator: CostEstimator, max_tokens: Iterable[int]) -> float:
+    """What a gateway prices other gateways' requests at before it has priced one: the mean, over the pool's
+    tiers, of a request with no prompt and the tier's `max_tokens` (0 when it serves none)."""
+    charges = [estimator.estimate(0, m) for m in max_tokens]
+    return sum(charges) / len(charges) if charges else 0.0
 
 
 class Gauges(NamedTuple):

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from simadmit.admission.estimator import OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
+from simadmit.admission.published import prior_price
 from simadmit.admission.view import EngineModel
 from simadmit.serve.backends import Backend, Flight, LivePool, parse_poll
 from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
@@ -97,7 +98,7 @@ class GatewayServer:
         self.pools = []
         for p, urls in zip(world.pools, s.backends, strict=True):
             served = [world.tier_names[t] for t in p.tiers]
-            prior = sum(p.estimator.estimate(0, s.tier_max_tokens[t]) for t in served) / len(served)
+            prior = prior_price(p.estimator, [s.tier_max_tokens[t] for t in served])
             self.pools.append(
                 LivePool(
                     p.name,

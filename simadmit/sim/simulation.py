@@ -23,6 +23,7 @@ from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLe
 from simadmit.admission.gateway import TOO_LONG, Gateway, PoolSnapshot
 from simadmit.admission.policies import AdmissionPolicy, Request
 from simadmit.admission.predictive import StatefulPolicy
+from simadmit.admission.published import prior_price
 from simadmit.admission.view import EngineModel
 from simadmit.fleet.autoscaler import HorizontalAutoscaler, queue_wait_load
 from simadmit.fleet.engine import StepObserver
@@ -69,12 +70,10 @@ def policy_requests(workload: Workload) -> list[Request]:
     ]
 
 
-def prior_estimate(workload: Workload, tiers: tuple[int, ...], estimator: CostEstimator) -> float:
-    """What a gateway prices other gateways' requests at before it has charged any: as the live gateway,
-    the mean over the pool's tiers of a request with no prompt and the tier's largest max_tokens."""
+def tier_max_tokens(workload: Workload, tiers: tuple[int, ...]) -> list[int]:
+    """The largest max_tokens each of `tiers` asks for in the workload (tiers with no request left out)."""
     asked = [workload.max_tokens[workload.tier == t] for t in tiers]
-    charges = [estimator.estimate(0, int(m.max())) for m in asked if len(m)]
-    return sum(charges) / len(charges) if charges else 0.0
+    return [int(m.max()) for m in asked if len(m)]
 
 
 class Simulation(RequestListener):
@@ -148,7 +147,7 @@ class Simulation(RequestListener):
         self.views: list[GatewayView] | None = None
         if g.view == "metrics":
             priors = [
-                prior_estimate(workload, cfg.tiers, est)
+                prior_price(est, tier_max_tokens(workload, cfg.tiers))
                 for cfg, est in zip(world.pools, estimators, strict=True)
             ]
             levels = [cfg.priorities for cfg in world.pools]

@@ -220,10 +220,10 @@ def real_runs(out: Path, repeats: int) -> list[Run]:
     return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
 
 
-def simulate_replayed(point: Path, into: Path, profile: Path | None = None) -> None:
-    """Simulate the request list the first real repeat under `point` sent (`replayed.yaml`; on `profile` if
-    given, else the one it names) into the run folder `into`."""
-    replayed = point / "real" / "repeat-1" / "replayed.yaml"
+def simulate_replayed(point: Path, into: Path, profile: Path | None = None, repeat: int = 1) -> None:
+    """Simulate the request list a real repeat under `point` sent (the first by default; `replayed.yaml`; on
+    `profile` if given, else the one it names) into the run folder `into`."""
+    replayed = point / "real" / f"repeat-{repeat}" / "replayed.yaml"
     doc = yaml.safe_load(replayed.read_text())
     if profile is not None:
         for pool in doc["pools"]:
@@ -348,6 +348,9 @@ def main() -> None:
                     flush=True,
                 )
                 replay_repeat(url, point, k)
+                (point.out / "real" / f"repeat-{k}" / "speed_probe.json").write_text(
+                    json.dumps({"speed": speed}) + "\n"
+                )
         rows = []
         for arrival, load, point in points:
             table = finish_point(point, args.repeats)

@@ -8,7 +8,7 @@ import pytest
 from simadmit.admission.client import ClientConfig, RetryBudget, backoff_delay
 from simadmit.config.loading import load_scenario
 from simadmit.config.resources import default_scenario
-from simadmit.fleet.autoscaler import AutoscalerConfig, HorizontalAutoscaler
+from simadmit.fleet.autoscaler import AutoscalerConfig, HorizontalAutoscaler, queue_wait_load
 from simadmit.sim.simulation import Simulation
 from simadmit.sim.world import build_policies, build_world
 from simadmit.study.runner import run_scenario
@@ -123,6 +123,46 @@ def test_a_new_replica_serves_nothing_before_its_cold_start_ends() -> None:
         mine = scheduled[replica == r]
         assert np.all(mine[~np.isnan(mine)] >= ready)
         assert len(mine) > 0
+
+
+def test_under_the_metrics_view_the_autoscaler_scales_on_the_largest_load_a_gateway_exports(
+    monkeypatch,
+) -> None:
+    """A deployed HPA reads the gateways' exported queue-wait load (the adapter takes the maximum over
+    gateways), each computed from that gateway's view: so does the simulated one, not the pool's exact
+    in-flight work."""
+    seen: list[tuple[float, float, float]] = []  # (metric, largest gateway load, exact load)
+    holder: dict[str, Simulation] = {}
+
+    class Spy(HorizontalAutoscaler):
+        def recommend(self, now: float, current: int, metric: float) -> int:
+            sim = holder["sim"]
+            loads = [
+                queue_wait_load(g.views[0].in_flight_gpu_s, g.views[0].available_gpus, 0.0)
+                for g in sim.gateways
+            ]
+            pool = sim.pools[0]
+            seen.append((metric, max(loads), queue_wait_load(pool.in_flight_gpu_s, pool.available_gpus, 0.0)))
+            return super().recommend(now, current, metric)
+
+    monkeypatch.setattr("simadmit.sim.simulation.HorizontalAutoscaler", Spy)
+    spec, world = _scenario(**{
+        "workload.duration_s": 120, "workload.rate_multiplier": 0.5, "pools.0.replicas": 1,
+        "gateway.replicas": 2, "gateway.poll_interval_s": 2.0, "gateway.view": "metrics",
+        "pools.0.autoscaler": {"metric": "queue_wait", "target": 1.0, "max_replicas": 6, "sync_period_s": 5,
+                               "cold_start_s": {"kind": "fixed", "value": 10}},
+        "policies": [{"kind": "unconditional"}],
+    })  # fmt: skip
+    sim = Simulation(
+        world, generate(spec.workload), build_policies(spec)["unconditional"], spec.workload.seed
+    )
+    holder["sim"] = sim
+    sim.run("unconditional")
+    assert len(seen) >= 20
+    assert all(metric == pytest.approx(largest) for metric, largest, _exact in seen)
+    assert any(abs(largest - exact) > 1e-6 * max(exact, 1.0) for _m, largest, exact in seen), (
+        "the views never differed from the exact state: this run tells the two apart nowhere"
+    )
 
 
 def _overshoot(gateways: int, headroom: float) -> float:

@@ -362,7 +362,7 @@ class Simulation(RequestListener):
         else:
             tried = attempts - last[1]
             refused = (rejects - last[2]) / tried if tried else 0.0
-            metric = queue_wait_load(pool.in_flight_gpu_s, pool.available_gpus, refused)
+            metric = self._queue_wait_load(p, refused)
         current = len(pool.serving) + pool.starting
         desired = scaler.recommend(now, current, metric)
         for _ in range(desired - current):
@@ -374,6 +374,18 @@ class Simulation(RequestListener):
             # the busy time of the replicas serving from now on is the baseline of the next period
             base = (sum(pool.replicas[i].busy_time(now) for i in pool.serving), attempts, rejects)
             self.env.timeout(period).callbacks.append(lambda _e: self._autoscale(p, scaler, rng, base))
+
+    def _queue_wait_load(self, p: int, refused: float) -> float:
+        """The queue-wait load the autoscaler reads for pool `p`: with the exact view the pool's own; else
+        the largest of what the gateways export from their views (the deployed metrics adapter takes the
+        maximum over gateways, `deploy/kubernetes/prometheus-adapter-rules.yaml`)."""
+        if self.views is None:
+            pool = self.pools[p]
+            return queue_wait_load(pool.in_flight_gpu_s, pool.available_gpus, refused)
+        return max(
+            queue_wait_load(g.views[p].in_flight_gpu_s, g.views[p].available_gpus, refused)
+            for g in self.gateways
+        )
 
     # --- post-queue shedding ----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class FakeServer:
     completions: int = 0
     running: int = 0
     url: str = ""
+    elapsed: list[str | None] = field(default_factory=list)  # each completion's x-retry-elapsed-s header
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -35,6 +36,8 @@ class FakeServer:
             method, path, _ = lines[0].split(" ")
             headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
             body = await reader.readexactly(int(headers.get("content-length", "0")))
+            if path == "/v1/completions":
+                self.elapsed.append(headers.get("x-retry-elapsed-s"))
             await self.route(method, path, body, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -99,7 +99,8 @@ def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_
 
 def test_a_429_is_retried_after_retry_after_plus_backoff_as_the_client_says(tmp_path: Path) -> None:
     """Requests the server turns away once come back after Retry-After (0.2 s) + the backoff (0.1 s, no
-    jitter), then complete; with no retries allowed they end rejected, with the gateway's reason."""
+    jitter), then complete, saying how long they have been trying (x-retry-elapsed-s, at least those 0.3 s;
+    first attempts say nothing); with no retries allowed they end rejected, with the gateway's reason."""
     clients = {"max_retries": 2, "backoff": {"base_s": 0.1, "jitter": "none"}}
     spec = scenario_from_dict(scenario_doc(16, clients=clients), tmp_path / "s.yaml")
     with fake_server(reject_every=2) as server:
@@ -116,6 +117,9 @@ def test_a_429_is_retried_after_retry_after_plus_backoff_as_the_client_says(tmp_
     gap = retried.set_index("request_id")["attempt_s"] - rejected["admit_s"].fillna(rejected["attempt_s"])
     assert (gap >= 0.3 - 1e-3).all()
     assert (req.groupby("request_id")["outcome"].first() == "completed").all()
+    said = [float(e) for e in server.elapsed if e is not None]
+    assert server.elapsed.count(None) == 16 and len(said) == len(retried)
+    assert all(0.3 - 1e-3 <= s < 0.3 + 1.0 for s in said)
 
     strict = scenario_from_dict(scenario_doc(16), tmp_path / "s.yaml")
     with fake_server(reject_every=2) as server:

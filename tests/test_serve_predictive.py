@@ -140,6 +140,27 @@ def test_predicted_ttft_admits_at_an_idle_backend_and_refuses_a_backlog(tmp_path
     run(main())
 
 
+def test_a_retry_counts_the_time_since_its_first_attempt_against_the_budget(tmp_path: Path) -> None:
+    """As in the simulator, the TTFT budget runs from a request's first attempt: a retry whose client says
+    (x-retry-elapsed-s) it has been trying for 1.2 s has spent the 1 s budget and is refused at an idle
+    backend, where the same request as a first attempt (or 0.1 s in) is admitted."""
+
+    async def main() -> None:
+        fake = FakeVllm()
+        async with stack(tmp_path, [fake], **PREDICTIVE) as (_server, client):
+            late = await client.post(
+                "/v1/completions", json=completion(), headers={"x-retry-elapsed-s": "1.2"}
+            )
+            assert late.status_code == 429 and late.json()["error"]["reason"] == "would_exceed_sla", late.text
+            for headers in ({}, {"x-retry-elapsed-s": "0.1"}):
+                assert (
+                    await client.post("/v1/completions", json=completion(), headers=headers)
+                ).status_code == 200
+            assert fake.completed == 2
+
+    run(main())
+
+
 def test_own_prompts_in_flight_fill_the_budget(tmp_path: Path) -> None:
     """The backend holds every request (it reports them waiting): each 200-token prompt this gateway has in
     flight and unanswered adds 0.2 s of prefill ahead of the next, so after a few the next is refused, its

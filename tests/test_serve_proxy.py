@@ -140,6 +140,12 @@ BAD = [
     (json.dumps(completion(n=2)).encode(), {}, 400, "'n' must be 1"),
     (json.dumps(completion()).encode(), {"x-tier": "gold"}, 400, "unknown tier 'gold'"),
     (json.dumps(completion()).encode(), {"x-deadline-s": "soon"}, 400, "x-deadline-s must be a positive"),
+    (
+        json.dumps(completion()).encode(),
+        {"x-retry-elapsed-s": "-1"},
+        400,
+        "x-retry-elapsed-s must be a non-neg",
+    ),
     (json.dumps(completion(max_tokens=2040)).encode(), {}, 400, "exceeds the model's context of 2048"),
     (b"x" * 5_000_000, {}, 413, "exceeds the limit"),
 ]

@@ -14,7 +14,12 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S, DEFAULT_HEADROOM
+from simadmit.config.defaults import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_BUDGETS_S,
+    DEFAULT_HEADROOM,
+    RETRY_ELAPSED_HEADER,
+)
 from simadmit.config.overrides import element_name
 from simadmit.config.workload_schema import (
     MAX_SECONDS,
@@ -146,6 +151,11 @@ class GatewayHttpSpec(Spec):
     )
     deadline_header: str = Field(
         default="x-deadline-s", description="request header: seconds from arrival the client can wait"
+    )
+    elapsed_header: str = Field(
+        default=RETRY_ELAPSED_HEADER,
+        description="request header: seconds since the client's first attempt at this request (a retry); "
+        "they count against the tier's wait budget. Absent: the attempt is taken as the request's first",
     )
     tokenizer: str | None = Field(
         default=None,

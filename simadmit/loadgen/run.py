@@ -92,14 +92,17 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
 
         async def request(rid: int) -> None:
             planned, tries = t0 + scheduled[rid], 0
-            abandon = None
+            abandon: float | None = None
+            first_sent: float | None = None
             while True:
                 tries += 1
                 client.attempt(tries)
                 if tries == 1 and (give_up := client.abandons_at(loop.time())) is not None:
                     abandon = give_up
                 k = next(turn) % len(urls)
-                r = await send(http, urls[k], bodies[rid], cfg.timeout_s, abandon)
+                elapsed = None if first_sent is None else loop.time() - first_sent
+                r = await send(http, urls[k], bodies[rid], cfg.timeout_s, abandon, elapsed)
+                first_sent = r.sent if first_sent is None else first_sent
                 records.append(AttemptRecord(rid, tries, planned - t0, _shift(r, t0), k))
                 if r.status != REJECTED:
                     break

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from simadmit.calibrate.client import EventStream, completion_body
+from simadmit.config.defaults import RETRY_ELAPSED_HEADER
 
 # what an attempt came to; "ok" and "rejected" are answers, the rest are failures
 OK, REJECTED, TOO_LONG, ABANDONED = "ok", "rejected", "too_long", "abandoned"
@@ -81,8 +82,12 @@ async def send(
     body: bytes,
     timeout_s: float,
     abandon_at: float | None = None,
+    elapsed_s: float | None = None,
 ) -> AttemptResult:
     """Send one attempt and stream its answer; never raises for what the server or the network does.
+
+    `elapsed_s` (a retry): the seconds since the first attempt, sent in `RETRY_ELAPSED_HEADER` so that a
+    gateway counts them against the request's wait budget.
 
     `abandon_at` (event-loop time) gives up when no token has come by then: the connection is closed,
     which makes vLLM abort the request, as a client that walks away does.
@@ -100,11 +105,12 @@ async def send(
         return AttemptResult(status, sent, answered, first, finish, p, o, retry_after, reason or status, view)
 
     until = min(sent + timeout_s, abandon_at if abandon_at is not None else math.inf)
+    headers = {"content-type": "application/json"}
+    if elapsed_s is not None:
+        headers[RETRY_ELAPSED_HEADER] = f"{elapsed_s:.3f}"
     try:
         async with asyncio.timeout_at(until) as deadline:
-            async with client.stream(
-                "POST", url, content=body, headers={"content-type": "application/json"}
-            ) as response:
+            async with client.stream("POST", url, content=body, headers=headers) as response:
                 answered = loop.time()
                 view = header_seconds(response.headers.get("x-queue-predict-wait"))
                 if response.status_code != 200:

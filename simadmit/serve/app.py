@@ -48,6 +48,7 @@ from simadmit.serve.inbound import (
     ClientError,
     OpenAIRequest,
     deadline_of,
+    elapsed_of,
     parse_body,
     tier_of,
     tokenize_payload,
@@ -220,14 +221,15 @@ class GatewayServer:
     # --- the request path -------------------------------------------------------------------------------
 
     async def serve(self, request: HttpRequest, route: str) -> Response:
-        arrival = self.now()
+        received = self.now()
         http = self.settings.http
         try:
             raw = await self.read_body(request)
             tier = tier_of(
                 request.headers, http.tier_header, http.api_keys, self.settings.default_tier, self.known_tiers
             )
-            deadline = deadline_of(request.headers, http.deadline_header, arrival)
+            deadline = deadline_of(request.headers, http.deadline_header, received)
+            arrival = received - elapsed_of(request.headers, http.elapsed_header)  # a retry's first attempt
             body = parse_body(raw, route, self.settings.tier_max_tokens[tier])
             p = self.pool_of_tier[tier]
             pool = self.pools[p]

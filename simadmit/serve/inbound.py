@@ -119,6 +119,20 @@ def tier_of(
     return tier
 
 
+def elapsed_of(headers: Mapping[str, str], header: str) -> float:
+    """Seconds a retrying client says it has been trying (0 when it says nothing); a bad value -> 400."""
+    value = headers.get(header)
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise ClientError(400, f"header {header} must be a non-negative number of seconds, got {value!r}")
+    return seconds
+
+
 def deadline_of(headers: Mapping[str, str], header: str, arrival_s: float) -> float | None:
     """Absolute deadline from a header giving the seconds the client can wait; a bad value -> 400."""
     value = headers.get(header)

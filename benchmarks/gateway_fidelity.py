@@ -16,9 +16,10 @@ latencies of admitted requests.
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
 budget line (12 x 0.9), and, in reality, why the gateways let it pass: what each gateway's view held at each
-admission (its `X-Queue-Predict-Wait` x GPUs) against the truth at that instant; the part of the gap that is
-other gateways' admits since the last poll (staleness); what vLLM's `/metrics` counted (running + waiting,
-polled every 200 ms) against the requests admitted and unfinished; and the price a view puts on another
+admission (its `X-Queue-Predict-Wait` x GPUs, the work in flight before that request) against the truth at
+that instant; the part of the gap that is other gateways' admits since the last poll (staleness); what
+vLLM's `/metrics` counted (running + waiting, polled every 200 ms) against the requests admitted and
+unfinished; and the price a view puts on another
 gateway's requests (its moving mean of the estimates it charged) against their actual mean.
 
 Starts the tests' vLLM server (tests/vllm_server.py) unless given `--endpoint`; run it alone, under the lock:
@@ -219,8 +220,8 @@ class Budget:
     """One run's pool budget figures (GPU-seconds; counts in requests)."""
 
     peak: float  # most admitted work in flight
-    view_gap_mean: float  # truth - view at admissions, mean
-    view_gap_at_peak: float  # truth - view at the admissions where the truth passed the line (mean; 0: none)
+    view_gap_mean: float  # truth before the admission - view, mean over admissions
+    view_gap_at_peak: float  # that gap at the admissions that took the truth past the line (mean; 0: none)
     stale_at_peak: float  # other gateways' admits in the poll interval before those admissions (mean)
     uncounted_at_peak: float  # others' requests in flight at the last poll that vLLM's count left out (mean)
     vllm_count_gap: float  # admitted-and-unfinished requests - vLLM's running + waiting, mean over polls
@@ -231,12 +232,11 @@ class Budget:
 def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
     req = pd.read_parquet(folder / "requests.parquet")
     s, e, w = admitted_intervals(req, estimator, "attempt_s")
-    truth = level_at(s, s, e, w)  # at each admission, itself included
+    truth = level_at(s, s, e, w)  # at each admission, itself included: what passes the line
     a = req[req["decision"] == "admit"]
-    view = a["predicted_wait_s"].to_numpy(
-        dtype=float
-    )  # one GPU: in-flight GPU-s of the view, itself included
-    gap = truth - view
+    # one GPU: the in-flight GPU-s the policy decided on, before this request (it is not in its own wait)
+    view = a["predicted_wait_s"].to_numpy(dtype=float)
+    gap = truth - w - view
     gw = a["gateway"].to_numpy()
     over = truth > BUDGET_LINE
     stale = np.array(

@@ -36,9 +36,11 @@ DURATION_S = 20.0
 def test_the_budget_measures_through_a_gateway_process_on_a_fake_server(tmp_path: Path) -> None:
     """The benchmark's plumbing on a fake vLLM (2.8 s per request): a `simadmit gateway` process, replay
     through it, the simulation beside it. The budget binds (some rejections); every admission carries the
-    gateway's view; with one gateway the view holds its exact books, so it never falls short of the truth
-    by more than the client's view of the intervals adds (ms at each end: a small fraction of a request),
-    and the work in flight passes the line by at most one request."""
+    gateway's view (the work in flight before the request); with one gateway the view holds its exact books
+    (an own request the backend runs before its first token counted twice, on the cautious side), so it
+    never falls short of the truth before the admission by more than the client's view of the intervals
+    adds (ms at each end: a small fraction of a request), and the work in flight passes the line by at most
+    one request."""
     with fake_server(ttft_s=0.2, itl_s=0.04) as server:
         point = run_point(
             server.url,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -192,10 +193,6 @@ def admitted_intervals(
     return s, e, np.asarray(w, dtype=float)
 
 
-def peak(starts: np.ndarray, ends: np.ndarray, work: np.ndarray) -> float:
-    return float(level_at(starts, starts, ends, work).max()) if len(starts) else 0.0
-
-
 def price_of_others(req: pd.DataFrame, estimator: CostEstimator, prior: float) -> float:
     """Mean, over admissions, of (the price a gateway puts on one request of another gateway: the mean of
     the estimates it made, admitted or not, kept by `serve.backends.LivePool`) / (the actual mean estimate of
@@ -229,14 +226,22 @@ class Budget:
     largest_estimate: float  # the largest estimate admitted
 
 
+def view_gap(req: pd.DataFrame, estimator: CostEstimator, start: str) -> tuple[np.ndarray, np.ndarray]:
+    """At each admission: the admitted work in flight with it (what passes the line), and the truth before
+    it minus the gateway's view (its predicted wait x GPUs, one GPU here: the in-flight work the policy
+    decided on, which leaves the request out). NaN gaps where the table has no predicted wait."""
+    s, e, w = admitted_intervals(req, estimator, start)
+    truth = level_at(s, s, e, w)
+    admitted = req[req["decision"] == "admit"]
+    view = admitted["predicted_wait_s"].to_numpy(dtype=float) if "predicted_wait_s" in req else np.nan
+    return truth, truth - w - view
+
+
 def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
     req = pd.read_parquet(folder / "requests.parquet")
     s, e, w = admitted_intervals(req, estimator, "attempt_s")
-    truth = level_at(s, s, e, w)  # at each admission, itself included: what passes the line
+    truth, gap = view_gap(req, estimator, "attempt_s")
     a = req[req["decision"] == "admit"]
-    # one GPU: the in-flight GPU-s the policy decided on, before this request (it is not in its own wait)
-    view = a["predicted_wait_s"].to_numpy(dtype=float)
-    gap = truth - w - view
     gw = a["gateway"].to_numpy()
     over = truth > BUDGET_LINE
     stale = np.array(
@@ -269,9 +274,13 @@ def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
     )
 
 
-def sim_peak(folder: Path, estimator: CostEstimator) -> float:
+def sim_budget(folder: Path, estimator: CostEstimator) -> tuple[float, float]:
+    """The simulation's peak admitted work in flight and its gateways' mean view gap (`view_gap`)."""
     req = pd.read_parquet(folder / "requests.parquet")
-    return peak(*admitted_intervals(req, estimator, "admit_s"))
+    truth, gap = view_gap(req, estimator, "admit_s")
+    return (float(truth.max()) if len(truth) else 0.0), (
+        float(np.nanmean(gap)) if np.isfinite(gap).any() else math.nan
+    )
 
 
 # --- one point ----------------------------------------------------------------------------------------------
@@ -282,6 +291,7 @@ class Point:
     table: pd.DataFrame  # `compare`'s
     budgets: list[Budget]  # per real repeat
     sim_peak: float
+    sim_view_gap: float  # mean over the simulated admissions, as Budget.view_gap_mean
     requests: int
 
 
@@ -319,7 +329,7 @@ def load_point(out: Path) -> Point:
     repeats = sorted((out / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1]))
     budgets = [real_budget(d, estimator, prior) for d in repeats]
     table = pd.read_csv(out / "compare.csv")
-    return Point(table, budgets, sim_peak(out / "sim", estimator), len(make_plan(spec, base).workload))
+    return Point(table, budgets, *sim_budget(out / "sim", estimator), len(make_plan(spec, base).workload))
 
 
 def tabulate(out: Path) -> str:
@@ -363,7 +373,9 @@ def row(policy: str, n: int, load: float, point: Point) -> dict[str, object]:
                     f"{100 * r['error']:+.0f}% {'ok' if str(r['verdict']).startswith('pass') else 'FAIL'}")  # fmt: skip
     b = point.budgets
     cells["peak GPU-s sim / real"] = f"{point.sim_peak:.1f} / " + spread([x.peak for x in b], "{:.1f}")
-    cells["view gap mean"] = spread([x.view_gap_mean for x in b], "{:.2f}")
+    cells["view gap sim / real"] = f"{point.sim_view_gap:.2f} / " + spread(
+        [x.view_gap_mean for x in b], "{:.2f}"
+    )
     cells["view gap over the line"] = spread([x.view_gap_at_peak for x in b], "{:.2f}")
     cells["of it stale"] = spread([x.stale_at_peak for x in b], "{:.2f}")
     cells["of it uncounted by vLLM"] = spread([x.uncounted_at_peak for x in b], "{:.2f}")

@@ -57,6 +57,7 @@ def test_the_budget_measures_through_a_gateway_process_on_a_fake_server(tmp_path
     assert (req["decision"] == "reject").any() and admitted["predicted_wait_s"].notna().all()
     (b,) = point.budgets
     assert b.view_gap_mean < 0.25 * b.largest_estimate, b
+    assert point.sim_view_gap <= 1e-9  # the simulated gateway holds the same exact books
     assert b.peak <= BUDGET_LINE + b.largest_estimate, b
     assert abs(b.vllm_count_gap) < 1.0, b  # the fake counts its requests exactly
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import simpy
 
@@ -207,6 +208,25 @@ def test_a_gateway_sees_its_own_work_exactly_and_the_rest_as_counts_at_its_mean_
         assert result.peak_in_flight_gpu_s[0] <= BUDGET + float(result.estimates[0].max())
     else:
         assert max(mispriced) > 0.5  # others' work is a count at this gateway's mean, not their charges
+
+
+def test_the_simulated_table_records_the_wait_each_decision_was_made_on() -> None:
+    """`predicted_wait_s` in `simulate`'s table is what a live gateway sends as X-Queue-Predict-Wait: for
+    `gpu_seconds`, the in-flight work per GPU before the request. One gateway polling every 200 ms owns all
+    the work, so at every admission it holds the truth (the admitted requests unfinished then, at their
+    charges) plus only the prefills the cautious rule counts twice: never less, most often exactly."""
+    spec, world = _scenario(1, "metrics", seed=1, poll_s=0.2, duration_s=20.0)
+    req = run_scenario(spec, world).requests
+    assert req["predicted_wait_s"].notna().all()
+    a = req[req["decision"] == "admit"]
+    start, end = a["admit_s"].to_numpy(), a["finish_s"].fillna(float("inf")).to_numpy()
+    charged = a["estimate_gpu_s"].to_numpy()
+    truth = np.array([charged[(start < t) & (t < end)].sum() for t in start])
+    gpus = sum(p.replicas * p.gpus_per_replica for p in world.pools)
+    excess = a["predicted_wait_s"].to_numpy() * gpus - truth
+    assert len(a) > 100 and (req["decision"] == "reject").any()
+    assert excess.min() >= -1e-9
+    assert np.median(excess) == pytest.approx(0.0, abs=1e-9) and excess.max() > 0
 
 
 def test_own_waiting_work_is_booked_by_priority_so_a_request_overtakes_lower_priorities() -> None:

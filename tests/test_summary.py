@@ -97,6 +97,7 @@ def ledger(fates: dict = FATES) -> Ledger:
             led.att_gateway.append(0)
             led.att_reason.append("admitted" if admitted else "pool_exhausted")
             led.att_retry_after.append(0.0 if admitted else 1.0)
+            led.att_predicted_wait.append(0.0)
     return led
 
 

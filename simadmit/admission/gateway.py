@@ -118,13 +118,18 @@ class Gateway:
     ) -> tuple[Decision, float]:
         """The decision on `request` for `pool`, and the GPU-seconds it was charged (0 when too long).
 
-        An admitted request is added to this gateway's view at once, so the next decision sees it.
+        The decision carries the wait it was made on (what `X-Queue-Predict-Wait` says): the policy's
+        prediction, or for a policy that predicts none the in-flight work per GPU before the request. An
+        admitted request is added to this gateway's view at once, so the next decision sees it.
         """
         if request.prompt_tokens + request.max_tokens > self.max_request_tokens[pool]:
             return TOO_LONG, 0.0
         est = self.estimate(request, pool, true_output)
         view = self.views[pool]
         decision = self.policy.decide(request, est, view, now)
+        if decision.predicted_wait_s != decision.predicted_wait_s:  # NaN: the policy predicts no wait
+            gpus = view.available_gpus
+            decision = decision._replace(predicted_wait_s=view.in_flight_gpu_s / gpus if gpus else math.inf)
         if decision.admit:
             view.in_flight_gpu_s += est
             view.remaining_gpu_s += est

@@ -1,9 +1,9 @@
 """A replay's files, in the tables `simulate` writes, so `compare` (and `plot`) read both alike.
 
-- `requests.parquet`: one row per attempt with the columns of `simulate`'s table, plus `scheduled_send_s`
-  (when the attempt was due), `send_lag_s` (how late it left), `status` (what the attempt came to) and
-  `predicted_wait_s` (a gateway's `X-Queue-Predict-Wait`: its view at the decision); `gateway` is the
-  endpoint the attempt went to.
+- `requests.parquet`: one row per attempt with the columns of `simulate`'s table (`predicted_wait_s`: a
+  gateway's `X-Queue-Predict-Wait`, empty without a gateway), plus `scheduled_send_s` (when the attempt was
+  due), `send_lag_s` (how late it left) and `status` (what the attempt came to); `gateway` is the endpoint
+  the attempt went to.
   What a client cannot see stays empty: the engine's first-scheduled time, the replica, preemptions, the
   gateway's estimate; queue wait comes from the server's histogram instead (`replay.json`).
 - `timeseries.parquet`: one row per `/metrics` poll, with the client's attempts, admits and rejects since

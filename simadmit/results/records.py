@@ -60,6 +60,7 @@ def requests_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
             "gateway": np.asarray(led.att_gateway, dtype=np.int64),
             "reason": pd.Categorical(led.att_reason),
             "retry_after_s": np.asarray(led.att_retry_after, dtype=float),
+            "predicted_wait_s": np.asarray(led.att_predicted_wait, dtype=float),
         }
     )
     att["attempt"] = att.groupby("request_id").cumcount() + 1
@@ -71,7 +72,7 @@ def requests_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
     df.insert(0, "policy", result.policy)
     df.insert(1, "seed", result.seed)
     cols = ["policy", "seed", "request_id", "attempt", "tier", "pool", "gateway", "arrival_s", "attempt_s",
-            "decision", "reason", "retry_after_s", "admit_s", "scheduled_s", "first_token_s", "finish_s",
+            "decision", "reason", "retry_after_s", "predicted_wait_s", "admit_s", "scheduled_s", "first_token_s", "finish_s",
             "prompt_tokens", "max_tokens", "output_tokens", "estimate_gpu_s", "replica", "preemptions",
             "outcome", "ttft_s", "e2e_s", "queue_wait_s"]  # fmt: skip
     return df[cols]

@@ -259,25 +259,18 @@ class GatewayServer:
             return self.reject(pool, p, tier, decision)
         backend = pool.route(self.routing)
         if backend is None:  # every backend went away while the prompt was being counted
-            return self.reject(
-                pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))
+            refused = Decision(
+                False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S), decision.predicted_wait_s
             )
-        wait = self.predicted_wait(p, decision)
+            return self.reject(pool, p, tier, refused)
+        wait = decision.predicted_wait_s
         self.metrics.decided(pool.name, tier, decision.reason, True, now, wait)
         return await self.forward(request, body, pool, backend, req, estimate, wait, now)
 
-    def predicted_wait(self, p: int, decision: Decision) -> float:
-        """The wait the policy predicted (`predicted_ttft`: the first token's), else the pool's in-flight
-        GPU-seconds per GPU."""
-        if not math.isnan(decision.predicted_wait_s):
-            return decision.predicted_wait_s
-        view = self.gateway.views[p]
-        return view.in_flight_gpu_s / view.available_gpus if view.available_gpus else float("inf")
-
     def reject(self, pool: LivePool, p: int, tier: str, decision: Decision) -> Response:
-        wait = self.predicted_wait(p, decision)
+        wait = decision.predicted_wait_s
         self.metrics.decided(pool.name, tier, decision.reason, False, self.now(), wait)
-        shown = wait if wait != float("inf") else decision.retry_after_s
+        shown = wait if math.isfinite(wait) else decision.retry_after_s
         headers = {"Retry-After": str(int(decision.retry_after_s)), "X-Queue-Predict-Wait": f"{shown:.3f}"}
         message = f"{tier} request rejected: {decision.reason}; retry after {int(decision.retry_after_s)} s"
         body = error_body(429, message, reason=decision.reason, tier=tier, predicted_wait_s=round(shown, 3))

@@ -34,3 +34,4 @@ class Ledger:
         self.att_gateway: list[int] = []
         self.att_reason: list[str] = []
         self.att_retry_after: list[float] = []
+        self.att_predicted_wait: list[float] = []  # the wait the decision was made on (X-Queue-Predict-Wait)

@@ -245,6 +245,7 @@ class Simulation(RequestListener):
         led.att_gateway.append(g)
         led.att_reason.append(decision.reason)
         led.att_retry_after.append(decision.retry_after_s)
+        led.att_predicted_wait.append(decision.predicted_wait_s)
         if decision is TOO_LONG:  # vLLM answers 400: longer than the model allows; never retried
             led.outcome[rid] = TOO_LONG_OUTCOME
             self._done(rid)

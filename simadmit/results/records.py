@@ -72,8 +72,8 @@ def requests_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
     df.insert(0, "policy", result.policy)
     df.insert(1, "seed", result.seed)
     cols = ["policy", "seed", "request_id", "attempt", "tier", "pool", "gateway", "arrival_s", "attempt_s",
-            "decision", "reason", "retry_after_s", "predicted_wait_s", "admit_s", "scheduled_s", "first_token_s", "finish_s",
-            "prompt_tokens", "max_tokens", "output_tokens", "estimate_gpu_s", "replica", "preemptions",
+            "decision", "reason", "retry_after_s", "predicted_wait_s", "admit_s", "scheduled_s", "first_token_s",
+            "finish_s", "prompt_tokens", "max_tokens", "output_tokens", "estimate_gpu_s", "replica", "preemptions",
             "outcome", "ttft_s", "e2e_s", "queue_wait_s"]  # fmt: skip
     return df[cols]
 

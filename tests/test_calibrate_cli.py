@@ -45,7 +45,9 @@ def test_unknown_host_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert_one_line_error(result, "unknown host")
 
 
-@pytest.mark.parametrize("url", ["localhost:8000", "ftp://host/x", "http://"])
+@pytest.mark.parametrize(
+    "url", ["localhost:8000", "ftp://host/x", "http://", "http://:8000", "http://[::1", "http://host:99999"]
+)
 def test_bad_url_is_one_line_and_exit_2(tmp_path: Path, url: str) -> None:
     assert_one_line_error(calibrate("--endpoint", url, "--out", str(tmp_path / "p.yaml")), "--endpoint")
 

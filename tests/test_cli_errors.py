@@ -719,6 +719,26 @@ COMMAND_CASES = [
         fragment="--endpoint: 'localhost:8000' is not an http(s) URL",
     ),
     CommandCase(
+        "replay-endpoint-port-out-of-range",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:99999", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
+    ),
+    CommandCase(
+        "replay-endpoint-port-not-a-number",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:80a", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://127.0.0.1:80a': the port must be a number",
+    ),
+    CommandCase(
+        "replay-second-endpoint-not-a-url",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--endpoint", "host:9000", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'host:9000' is not an http(s) URL",  # before the first is even tried
+    ),
+    CommandCase(
+        "replay-server-not-a-url",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--server", "h:80", "--out", "{tmp}/r"),
+        fragment="--server: 'h:80' is not an http(s) URL",
+    ),
+    CommandCase(
         "compare-different-scenarios",
         ("compare", "{sim}", "{other}"),
         fragment="other: not the request list of",

@@ -99,13 +99,21 @@ class Endpoint:
     vllm_version: str
 
 
-def normalize_base_url(url: str) -> str:
-    """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL is an `InputError`."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(
-            [problem(None, "--endpoint", f"{url!r} is not an http(s) URL like http://host:8000")]
-        )
+def normalize_base_url(url: str, option: str = "--endpoint") -> str:
+    """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL with a host and a
+    port from 1 to 65535 is an `InputError` naming `option`."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # an IPv6 address without its closing bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError([problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000")])
+    try:
+        port = parts.port  # a port that is not a number, or out of range, is a ValueError
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise InputError([problem(None, option, f"{url!r}: the port must be a number from 1 to 65535")])
     path = parts.path.rstrip("/")
     path = path.removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"

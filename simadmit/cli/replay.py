@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from simadmit.calibrate.client import normalize_base_url
 from simadmit.cli.common import fail
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
@@ -69,6 +70,10 @@ def replay_command(
             raise InputError(
                 [problem(scenario, "variants", "replay sends one workload: remove the variants")]
             )
+        for url in endpoint:  # every URL before anything is written or sent
+            normalize_base_url(url)
+        if server is not None:
+            normalize_base_url(server, "--server")
         if _holds_a_run(out):
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
         check_destination(out, replace=False)  # before sending anything: a run cannot be sent twice

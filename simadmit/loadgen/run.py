@@ -75,7 +75,9 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http, httpx.AsyncClient() as side:
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
-        behind = replace(endpoint, base_url=normalize_base_url(cfg.server)) if cfg.server else endpoint
+        behind = (
+            replace(endpoint, base_url=normalize_base_url(cfg.server, "--server")) if cfg.server else endpoint
+        )
         ids = await tokenize(side, endpoint, SAMPLE_TEXT)
         if ids is None and behind is not endpoint:
             ids = await tokenize(side, behind, SAMPLE_TEXT)

@@ -739,6 +739,16 @@ COMMAND_CASES = [
         fragment="--server: 'h:80' is not an http(s) URL",
     ),
     CommandCase(
+        "replay-negative-seed",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--seed", "-1", "--out", "{tmp}/r"),
+        fragment="--seed: must be a whole number from 0 to 2^63 - 1, got -1",
+    ),
+    CommandCase(
+        "replay-seed-too-large",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--seed", str(2**64), "--out", "{tmp}/r"),
+        fragment="--seed: must be a whole number from 0 to 2^63 - 1",  # not found after the run is sent
+    ),
+    CommandCase(
         "compare-different-scenarios",
         ("compare", "{sim}", "{other}"),
         fragment="other: not the request list of",

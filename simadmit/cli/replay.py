@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.cli.common import fail
+from simadmit.cli.common import check_seed, fail
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -65,6 +65,7 @@ def replay_command(
     """Send the scenario's workload open-loop to a live endpoint at its scheduled times and record it as
     `simulate` records a run."""
     try:
+        check_seed(seed)
         spec, base = load_scenario(resolve_scenario(scenario), parse_assignments(set_))
         if spec.variants:
             raise InputError(

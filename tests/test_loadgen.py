@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -242,3 +244,43 @@ def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
     assert served == (10, 10)
     assert sorted(req["gateway"].value_counts().to_dict().items()) == [(0, 10), (1, 10)]
     assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()
+
+
+ODD_STREAMS = [
+    b"data: 42\n\ndata: [DONE]\n\n",
+    b'data: ["error"]\n\ndata: [DONE]\n\n',
+    b'data: {"choices": [{"text": "x"}], "usage": [1]}\n\ndata: [DONE]\n\n',
+    b'data: {"choices": [{"text": "x"}]}\n\ndata: {"usage": {"prompt_tokens": "many"}}\n\ndata: [DONE]\n\n',
+]
+
+
+@pytest.mark.parametrize("stream", ODD_STREAMS, ids=["number", "list", "usage-list", "usage-text"])
+def test_a_server_streaming_what_vllm_never_sends_fails_the_attempt_not_the_run(stream: bytes) -> None:
+    """JSON that is not an event object, or token counts that are not numbers: the attempt is `dropped`,
+    as a cut stream is, instead of an exception that would end the replay and lose what it measured."""
+    from simadmit.loadgen.sender import encode_body, send
+
+    async def attempt() -> str:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=stream))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return (await send(client, "http://fake/v1/completions", encode_body("m", [1], 1), 5.0)).status
+
+    assert asyncio.run(attempt()) == "dropped"
+
+
+def test_a_models_list_beside_odd_version_and_tokenize_answers_is_still_an_endpoint() -> None:
+    """`/version` answering a list and `/tokenize` answering words are a server unlike vLLM: its version is
+    unknown and it has no tokenizer to use, rather than a traceback."""
+    from simadmit.calibrate.client import discover, tokenize
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 64}]})
+        return httpx.Response(200, json=[1] if request.url.path == "/version" else {"tokens": ["a"]})
+
+    async def ask() -> tuple[str, list[int] | None]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            endpoint = await discover(client, "http://fake", None)
+            return endpoint.vllm_version, await tokenize(client, endpoint, "hello")
+
+    assert asyncio.run(ask()) == ("unknown", None)

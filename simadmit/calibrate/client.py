@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -179,6 +180,30 @@ class EventStream:
             yield now, payloads
 
 
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A response's body as a JSON object; an empty one when it is anything else (a server not like vLLM)."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def stream_event(payload: bytes) -> dict[str, Any]:
+    """One streamed `data:` payload as vLLM sends it: a JSON object whose `usage`, when given, counts tokens
+    in whole numbers; anything else raises `ValueError`, the attempt's answer being unreadable."""
+    event = json.loads(payload)
+    if not isinstance(event, dict):
+        raise ValueError(f"a streamed event is not a JSON object: {payload[:40]!r}")
+    usage = event.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict)
+        and all(isinstance(usage.get(k, 0), int) for k in ("prompt_tokens", "completion_tokens"))
+    ):
+        raise ValueError(f"a streamed event's usage is not token counts: {payload[:40]!r}")
+    return event
+
+
 async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
     """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
     try:
@@ -222,8 +247,8 @@ async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) 
     try:
         v = await client.get(f"{base_url}/version", timeout=10.0)
         if v.status_code == 200:
-            version = str(v.json().get("version", "unknown"))
-    except (httpx.HTTPError, ValueError):
+            version = str(json_object(v).get("version", "unknown"))
+    except httpx.HTTPError:
         pass
     return Endpoint(base_url=base_url, model=model, max_model_len=max_len, vllm_version=version)
 
@@ -238,10 +263,12 @@ async def tokenize(client: httpx.AsyncClient, endpoint: Endpoint, text: str) -> 
         )
         if r.status_code != 200:
             return None
-        tokens = r.json().get("tokens")
-    except (httpx.HTTPError, ValueError):
+        tokens = json_object(r).get("tokens")
+    except httpx.HTTPError:
         return None
-    return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        return None
+    return [int(t) for t in tokens]
 
 
 def _failed(status: str, start_unix: float, t0: float, busy: float) -> Attempt:
@@ -277,7 +304,7 @@ async def stream_completion(
                 async for now, payloads in stream.reads():
                     IN_FLIGHT.heard(key)
                     for payload in payloads:
-                        event = json.loads(payload)
+                        event = stream_event(payload)
                         if "error" in event:
                             return _failed("stream_error", start_unix, t0, busy)
                         if event.get("choices"):
@@ -290,8 +317,8 @@ async def stream_completion(
         return _failed("timeout", start_unix, t0, busy)
     except httpx.ConnectError:
         return _failed("connect", start_unix, t0, busy)
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
-        return _failed("dropped", start_unix, t0, busy)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ValueError):
+        return _failed("dropped", start_unix, t0, busy)  # ValueError: an unreadable event
     finally:
         IN_FLIGHT.close(key)
     end = time.perf_counter()

@@ -246,6 +246,19 @@ def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
     assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()
 
 
+def test_a_second_endpoint_that_refuses_connections_stops_the_replay_before_it_sends(tmp_path: Path) -> None:
+    """A mistyped second gateway replica is one line and exit 2 before any request leaves, not a run in
+    which every other attempt failed to connect."""
+    scenario = write_scenario(tmp_path, scenario_doc(8))
+    with fake_server() as a:
+        args = ["replay", str(scenario), "--endpoint", a.url, "--endpoint", "http://127.0.0.1:9"]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+        sent = a.completions
+    assert result.exit_code == 2, result.output
+    assert "--endpoint: http://127.0.0.1:9: connection refused" in result.output
+    assert sent == 0 and not (tmp_path / "out").exists()
+
+
 ODD_STREAMS = [
     b"data: 42\n\ndata: [DONE]\n\n",
     b'data: ["error"]\n\ndata: [DONE]\n\n',

@@ -75,6 +75,8 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http, httpx.AsyncClient() as side:
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
+        for more in cfg.more_endpoints:  # each must answer and serve the model before anything is sent
+            await discover(side, normalize_base_url(more), endpoint.model)
         behind = (
             replace(endpoint, base_url=normalize_base_url(cfg.server, "--server")) if cfg.server else endpoint
         )

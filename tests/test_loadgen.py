@@ -20,6 +20,7 @@ from simadmit.loadgen.run import ReplayConfig, replay
 from simadmit.loadgen.tables import write_run
 from simadmit.workload.build import generate
 from tests.fake_openai import fake_server
+from tests.fake_vllm import FakeVllm
 from tests.helpers import ROOT
 
 PROFILE = str(ROOT / "calibration" / "smollm2-135m-cpu.yaml")
@@ -257,6 +258,22 @@ def test_a_second_endpoint_that_refuses_connections_stops_the_replay_before_it_s
     assert result.exit_code == 2, result.output
     assert "--endpoint: http://127.0.0.1:9: connection refused" in result.output
     assert sent == 0 and not (tmp_path / "out").exists()
+
+
+def test_a_replay_that_no_request_got_an_answer_from_exits_1_keeping_the_run(tmp_path: Path) -> None:
+    """An endpoint that lists a model but fails every completion (here HTTP 500): one line saying nothing
+    was answered and why, exit 1 and no further repeats, and the failed run kept as it was measured."""
+    scenario = write_scenario(tmp_path, scenario_doc(4))
+    with FakeVllm(then="error") as server:
+        args = ["replay", str(scenario), "--endpoint", server.url, "--repeat", "2"]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert (
+        f"repeat-1: no request was answered (4 http_500): is {server.url} an OpenAI-compatible"
+        in " ".join(result.output.split())
+    )
+    assert len(pd.read_parquet(tmp_path / "out" / "repeat-1" / "requests.parquet")) == 4
+    assert not (tmp_path / "out" / "repeat-2").exists()
 
 
 ODD_STREAMS = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -19,13 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.cli.common import check_seed, fail
+from simadmit.cli.common import check_seed, fail, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.loadgen.plan import make_plan
-from simadmit.loadgen.run import ReplayConfig, replay
+from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
+from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
 from simadmit.loadgen.tables import write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
 from simadmit.results.compare_plots import write_cdfs
@@ -104,6 +106,19 @@ def replay_command(
             return
         facts = write_run(run, spec, base, where, label)
         _print_facts(console, where, facts)
+        if failed := _unanswered(run):
+            reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())
+            print_problems([f"{where}: no request was answered ({reasons}): is {endpoint[0]} an OpenAI-compatible "
+                            "completions endpoint? the run is kept"])  # fmt: skip
+            raise typer.Exit(1)
+
+
+def _unanswered(run: ReplayRun) -> Counter[str]:
+    """The failures by status when no attempt got an answer (tokens, a 429, a 400 for length): a run of
+    nothing but failures measured a server that does not speak the completions API, not a latency."""
+    answered = {OK, REJECTED, TOO_LONG, ABANDONED}  # abandoning is the client's choice, not a failure
+    statuses = Counter(a.result.status for a in run.attempts)
+    return Counter() if statuses.keys() & answered else statuses
 
 
 def _print_facts(console: Console, where: Path, facts: dict) -> None:

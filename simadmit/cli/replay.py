@@ -101,10 +101,10 @@ def replay_command(
         where = out if repeat == 1 else out / f"repeat-{k}"
         try:
             run = replay(plan, cfg, random.Random())
+            facts = write_run(run, spec, base, where, label)
         except InputError as e:
             fail(e.problems)
             return
-        facts = write_run(run, spec, base, where, label)
         _print_facts(console, where, facts)
         if failed := _unanswered(run):
             reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())

@@ -80,6 +80,26 @@ def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, obj
         raise
 
 
+def add_files(out: Path, files: Mapping[str, Writer]) -> None:
+    """Write `files` into a temporary folder beside `out`, then move them into `out` in their order (other
+    files there are left alone); a write that fails moves nothing in, as an `InputError` naming `out`."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    except OSError as e:
+        raise _failed(out, e) from None
+    try:
+        for name, write in files.items():
+            write(tmp / name)
+        out.mkdir(exist_ok=True)
+        for name in files:
+            os.replace(tmp / name, out / name)
+    except OSError as e:
+        raise _failed(out, e) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:
     """Replace `files` inside `out` one by one (each atomically), removing the old manifest first and
     writing the new one last, so the folder never looks complete while its files disagree."""

@@ -150,6 +150,38 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
     assert chosen.exit_code == 0 and "3 real runs" in " ".join(chosen.output.split()), chosen.output
 
 
+DAMAGED_TABLES = [
+    (
+        "no-tier",
+        lambda t: t.drop(columns=["tier"]),
+        "not a requests table of simulate or replay (no column 'tier')",
+    ),
+    (
+        "ttft-as-text",
+        lambda t: t.assign(ttft_s="x"),
+        "requests.parquet: ttft_s: holds str values, not numbers",
+    ),
+    ("no-rows", lambda t: t.iloc[:0], "requests.parquet: holds no requests"),
+    ("no-arrivals", lambda t: t.assign(arrival_s=np.nan), "arrival_s: 200 rows have no arrival time"),
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGED_TABLES, ids=[d[0] for d in DAMAGED_TABLES])
+def test_a_table_compare_cannot_measure_is_one_line_naming_file_and_column(
+    tmp_path: Path, damage: tuple
+) -> None:
+    """A requests table with a column missing or not numbers, no rows, or no arrival times: one line naming
+    the file and the column, exit 2, never a traceback nor a report over nothing."""
+    _, mutate, fragment = damage
+    sim = simulated(tmp_path)
+    (tmp_path / "real").mkdir()
+    mutate(pd.read_parquet(sim / "requests.parquet")).to_parquet(tmp_path / "real" / "requests.parquet")
+    result = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "real")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{tmp_path / 'real' / 'requests.parquet'}" in result.output and fragment in result.output
+
+
 def test_compare_reads_a_real_folder_with_unanswered_requests(tmp_path: Path) -> None:
     """A real run that never answered 5% of its requests: `compare` exits 0, the table keeps the infinite
     every-arrival p99 and adds the served percentiles, and its verdict fails on TTFT p99."""

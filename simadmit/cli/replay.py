@@ -209,11 +209,11 @@ def compare_command(
 
 
 def _runs(folder: Path, policy: str | None) -> list[Run]:
-    """`load_runs`, with a damaged or foreign `requests.parquet` as one line naming it."""
+    """`load_runs`, with a `requests.parquet` that is not a Parquet file as one line naming it."""
     try:
         return load_runs(folder, policy)
-    except (OSError, ValueError, KeyError) as e:  # pyarrow's "not a Parquet file" is a ValueError
-        why = f"no column {e}" if isinstance(e, KeyError) else str(e).split(". ")[0]
+    except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
+        why = str(e).split(". ")[0]
         raise InputError(
             [
                 problem(

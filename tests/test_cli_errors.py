@@ -767,6 +767,16 @@ COMMAND_CASES = [
         "compare-warmup-nan", ("compare", "{sim}", "{sim}", "--warmup", "nan"), fragment="--warmup: must be 0"
     ),
     CommandCase(
+        "compare-warmup-past-every-arrival",
+        ("compare", "{sim}", "{sim}", "--warmup", "1000"),
+        fragment="--warmup: 1000 s leaves out every request of {sim} (the last arrives at",
+    ),
+    CommandCase(
+        "compare-out-is-a-run-folder",
+        ("compare", "{sim}", "{sim}", "--out", "{sim}"),
+        fragment="{sim}: holds a run: give --out a folder of its own",  # never mixed into the run's files
+    ),
+    CommandCase(
         "compare-out-is-a-file",
         ("compare", "{sim}", "{sim}", "--out", "{in}/ok.yaml"),
         fragment="ok.yaml: is a file, not a folder",

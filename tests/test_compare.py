@@ -182,6 +182,28 @@ def test_a_table_compare_cannot_measure_is_one_line_naming_file_and_column(
     assert f"{tmp_path / 'real' / 'requests.parquet'}" in result.output and fragment in result.output
 
 
+@pytest.mark.parametrize(
+    ("warmup", "fragment"),
+    [
+        ("abc", "workload.warmup_s: must be 0 or more seconds, got 'abc'"),
+        (500, "workload.warmup_s: 500 s leaves out"),
+    ],
+)
+def test_the_simulations_warmup_is_checked_like_the_option(
+    tmp_path: Path, warmup: object, fragment: str
+) -> None:
+    """Without --warmup the simulation folder's scenario.yaml gives it: a value that is not seconds, or one
+    past every arrival, is one line naming that file and field."""
+    sim = simulated(tmp_path)
+    doc = yaml.safe_load((sim / "scenario.yaml").read_text())
+    doc["workload"]["warmup_s"] = warmup
+    (sim / "scenario.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["compare", str(sim), str(sim)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{sim / 'scenario.yaml'}: {fragment}" in result.output
+
+
 def test_compare_reads_a_real_folder_with_unanswered_requests(tmp_path: Path) -> None:
     """A real run that never answered 5% of its requests: `compare` exits 0, the table keeps the infinite
     every-arrival p99 and adds the served percentiles, and its verdict fails on TTFT p99."""

@@ -162,22 +162,26 @@ def compare_command(
 ) -> None:
     """The fidelity report: per tier and measure, simulated vs real (mean and range over the real runs)."""
     try:
-        if warmup is not None and not 0 <= warmup < math.inf:
-            raise InputError([problem(None, "--warmup", f"must be 0 or more seconds, got {warmup}")])
         if out is not None:
+            if _holds_a_run(out):
+                raise InputError(
+                    [problem(out, None, "holds a run: give --out a folder of its own for the report")]
+                )
             check_destination(out, replace=False)
         reals = run_dirs(real_dirs)
         sim = _runs(sim_dir, policy)
         real_by_dir = [(d, _runs(d, None)) for d in reals]
         _same_request_list([(sim_dir, sim), *real_by_dir])
+        real = [r for _, runs in real_by_dir for r in runs]
+        source, given = None, warmup
         if warmup is None:
-            scenario = sim_dir / "scenario.yaml"
-            doc = read_yaml(scenario, "scenario") if scenario.is_file() else {}
+            source = sim_dir / "scenario.yaml"
+            doc = read_yaml(source, "scenario") if source.is_file() else {}
             workload = doc.get("workload") if isinstance(doc, dict) else None
-            warmup = float((workload if isinstance(workload, dict) else {}).get("warmup_s") or 0.0)
+            given = (workload if isinstance(workload, dict) else {}).get("warmup_s") or 0.0
+        warmup = _checked_warmup(given, [*sim, *real], source)
     except InputError as e:
         fail(e.problems)
-    real = [r for _, runs in real_by_dir for r in runs]
     table = compare(sim, real, warmup)
     console = Console() if Console().is_terminal else Console(width=160)
     shown = Table(
@@ -221,6 +225,20 @@ def _runs(folder: Path, policy: str | None) -> list[Run]:
                 )
             ]
         ) from None
+
+
+def _checked_warmup(warmup: object, runs: list[Run], scenario: Path | None) -> float:
+    """The warm-up (`--warmup`, else the `scenario`'s): 0 or more seconds, short of some request of every run
+    (leaving them all out would make a report of empty measures)."""
+    field = "--warmup" if scenario is None else "workload.warmup_s"
+    if isinstance(warmup, bool) or not isinstance(warmup, int | float) or not 0 <= warmup < math.inf:
+        raise InputError([problem(scenario, field, f"must be 0 or more seconds, got {warmup!r}")])
+    for run in runs:
+        last = float(run.requests["arrival_s"].max())
+        if warmup > last:
+            raise InputError([problem(scenario, field, f"{warmup:g} s leaves out every request of {run.source} "
+                                      f"(the last arrives at {last:.1f} s)")])  # fmt: skip
+    return float(warmup)
 
 
 def _same_request_list(folders: list[tuple[Path, list[Run]]]) -> None:

@@ -156,6 +156,25 @@ def test_a_full_disk_leaves_no_partial_replay(tmp_path: Path) -> None:
     ]
 
 
+def test_a_full_disk_leaves_no_partial_compare_report(tmp_path: Path) -> None:
+    """No space left for the report's table and plots: one line naming the folder, nothing half written."""
+    cmd = " ".join(console_command())
+    sim, scenario = tmp_path / "sim", tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc(40)))
+    assert run("simulate", str(scenario), "--out", str(sim)).returncode == 0
+    result = _on_a_full_disk(
+        tmp_path,
+        16,
+        f"{cmd} compare {sim} {sim} --out $FULL/report >/dev/null; echo exit=$?; ls -A $FULL",
+    )
+    assert result.stdout.strip() == "exit=2", result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'full' / 'report'}: could not write the outputs (No space left on device); the "
+        "folder is as it was"
+    ]
+
+
 def test_out_holding_other_files_is_not_replaced(tmp_path: Path) -> None:
     (tmp_path / "notes.md").write_text("keep me")
     _clean_failure(

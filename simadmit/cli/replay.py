@@ -30,8 +30,8 @@ from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
 from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
 from simadmit.loadgen.tables import write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
-from simadmit.results.compare_plots import write_cdfs
-from simadmit.results.run_folder import check_destination
+from simadmit.results.compare_plots import cdf_files
+from simadmit.results.run_folder import Writer, add_files, check_destination, write_text
 
 
 def _holds_a_run(out: Path) -> bool:
@@ -202,13 +202,19 @@ def compare_command(
     console.print(f"verdict: {'PASS' if ok else 'FAIL'} (E2E mean/p99 ±10%, TTFT mean ±15%, TTFT p99 ±20%, or "
                   "inside the real range where the real runs spread wider)")  # fmt: skip
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "compare.csv", index=False)
         doc = {"sim": str(sim_dir), "real": [str(d) for d in reals], "warmup_s": warmup, "pass": ok,
                "rows": json.loads(table.to_json(orient="records"))}  # fmt: skip
-        (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n")
+        text = json.dumps(doc, indent=2) + "\n"
         tiers = [*sorted(set(pd.concat([r.requests["tier"] for r in real + sim]))), "all"]
-        write_cdfs(sim, real, tiers, warmup, out)
+        files: dict[str, Writer] = {
+            "compare.csv": lambda p: table.to_csv(p, index=False),
+            "compare.json": lambda p: write_text(p, text),
+            **cdf_files(sim, real, tiers, warmup),
+        }
+        try:
+            add_files(out, files)
+        except InputError as e:
+            fail(e.problems)
         console.print(f"table and CDF plots in {out}/")
 
 

@@ -27,7 +27,7 @@ from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import ScenarioSpec
 from simadmit.loadgen.run import ReplayRun
 from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
-from simadmit.results.run_folder import add_files
+from simadmit.results.run_folder import add_files, write_text
 
 # outcome of a request from its last attempt's status; anything else is a failure the server caused
 _OUTCOME = {OK: "completed", REJECTED: "rejected", TOO_LONG: "too_long", ABANDONED: "abandoned"}
@@ -223,13 +223,9 @@ def write_run(run: ReplayRun, spec: ScenarioSpec, base: Path, out: Path, label: 
         {
             "timeseries.parquet": lambda p: timeseries_table(run, label).to_parquet(p, index=False),
             "sent.csv": lambda p: sent.to_csv(p, index=False, float_format="%.6f"),
-            "replayed.yaml": lambda p: _write_text(p, replayed),
-            "replay.json": lambda p: _write_text(p, facts_text),
+            "replayed.yaml": lambda p: write_text(p, replayed),
+            "replay.json": lambda p: write_text(p, facts_text),
             "requests.parquet": lambda p: req.to_parquet(p, index=False),
         },
     )
     return facts
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.write_text(text)

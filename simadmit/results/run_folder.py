@@ -136,7 +136,7 @@ def read_manifest(directory: Path) -> dict[str, object]:
 def _write_manifest(folder: Path, names: list[str], manifest: dict[str, object]) -> None:
     doc = {**manifest, "files": {n: (folder / n).stat().st_size for n in names}}
     text = json.dumps(doc, indent=2, allow_nan=True) + "\n"
-    _replace(folder / MANIFEST, lambda p: _write_text(p, text))
+    _replace(folder / MANIFEST, lambda p: write_text(p, text))
 
 
 def _replace(path: Path, write: Writer) -> None:
@@ -168,5 +168,6 @@ def _failed(out: Path, e: OSError, note: str = "the folder is as it was") -> Inp
     return InputError([problem(out, None, f"could not write the outputs ({e.strerror or e}); {note}")])
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
+    """A `Writer` of `text`, once `text` is bound (`Path.write_text` returns a count, a `Writer` nothing)."""
     path.write_text(text)

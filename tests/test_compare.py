@@ -137,7 +137,10 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
         )
     assert [p.name for p in run_dirs([tmp_path / "real"])] == ["repeat-1", "repeat-2", "repeat-10"]
     missing = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "nowhere")])
-    assert missing.exit_code == 2 and "no requests.parquet" in missing.output
+    assert missing.exit_code == 2 and "nowhere: folder not found" in missing.output
+    (tmp_path / "empty").mkdir()
+    empty = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "empty: no requests.parquet here" in empty.output
     table = pd.read_parquet(sim / "requests.parquet")
     pd.concat([table, table.assign(policy="other")]).to_parquet(tmp_path / "two.parquet")
     (tmp_path / "two").mkdir()

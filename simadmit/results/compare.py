@@ -104,6 +104,9 @@ def request_rows(attempts: pd.DataFrame) -> pd.DataFrame:
 def load_runs(folder: Path, policy: str | None) -> list[Run]:
     """The runs in a `simulate` or `replay` folder: one per seed of the chosen policy."""
     path = folder / "requests.parquet"
+    if not folder.is_dir():
+        why = "is a file, not a folder" if folder.exists() else "folder not found"
+        raise InputError([problem(folder, None, f"{why} (give a simulate or replay --out folder)")])
     if not path.is_file():
         raise InputError(
             [problem(folder, None, "no requests.parquet here (not a simulate or replay folder)")]

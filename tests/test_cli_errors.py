@@ -486,6 +486,16 @@ CALIBRATE_CASES = [
         fragment="binary-run.measurements.csv: not a measurements file (not UTF-8 text)",
     ),
     CalibrateCase(
+        "out-is-a-file-that-is-not-a-calibration",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/ok.yaml"),
+        fragment="ok.yaml: already exists: give --out a new file, or remove it",  # it was measured, then replaced
+    ),
+    CalibrateCase(
+        "resume-with-nothing-to-resume",
+        ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/typo.yaml", "--resume"),
+        fragment="typo.measurements.csv: nothing to resume: no measurements file (drop --resume",
+    ),
+    CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
         server="error",

@@ -569,9 +569,9 @@ def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
 
 # --- every other command, as a new user mistypes it ---------------------------------------------------
 # Arguments are formatted with: {in} a folder of inputs (ok.yaml: a valid tiny scenario; binary.yaml; a
-# folder; a top-level list; a damaged Parquet), {tmp} the test's own folder, {sim} and {other} the
-# `simulate --out` folders of ok.yaml and of ok.yaml at twice the rate, {refused} a URL nobody listens on,
-# {busy} a port something already listens on.
+# folder; a top-level list; huge.yaml: ok.yaml at 10^8 requests per second; a damaged Parquet), {tmp} the
+# test's own folder, {sim} and {other} the `simulate --out` folders of ok.yaml and of ok.yaml at twice the
+# rate, {refused} a URL nobody listens on, {busy} a port something already listens on.
 
 
 @dataclass(frozen=True)
@@ -759,6 +759,34 @@ COMMAND_CASES = [
         fragment="--seed: must be a whole number from 0 to 2^63 - 1",  # not found after the run is sent
     ),
     CommandCase(
+        "replay-workload-too-big",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--set",
+            "workload.rate_rps=100000000",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="ok.yaml: workload.duration_s: 4 s at 1e+08 req/s is about 4e+08 requests",  # not drawn
+    ),
+    CommandCase(
+        "replay-workload-without-requests",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--set",
+            "workload.rate_rps=0.0001",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="ok.yaml: workload: no request arrives in this workload",
+    ),
+    CommandCase(
         "compare-different-scenarios",
         ("compare", "{sim}", "{other}"),
         fragment="other: not the request list of",
@@ -861,6 +889,11 @@ COMMAND_CASES = [
         fragment="binary.yaml: not a text file",
     ),
     CommandCase(
+        "calibrate-workload-too-big",
+        ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--workload", "{in}/huge.yaml"),
+        fragment="huge.yaml: workload.duration_s: 4 s at 1e+08 req/s is about 4e+08 requests",
+    ),
+    CommandCase(
         "calibrate-check-binary-profile",
         ("calibrate", "check", "{in}/binary.yaml", "--endpoint", "{refused}"),
         fragment="binary.yaml: not a text file",
@@ -884,6 +917,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "huge.yaml").write_text(
+        yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
+    )
     (root / "folder").mkdir()
     (root / "damaged").mkdir()
     (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")

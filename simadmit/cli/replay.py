@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.cli.common import check_seed, fail, print_problems
+from simadmit.cli.common import check_seed, fail, preflight, print_notes, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -68,11 +68,13 @@ def replay_command(
     `simulate` records a run."""
     try:
         check_seed(seed)
-        spec, base = load_scenario(resolve_scenario(scenario), parse_assignments(set_))
+        path = resolve_scenario(scenario)
+        spec, base = load_scenario(path, parse_assignments(set_))
         if spec.variants:
             raise InputError(
                 [problem(scenario, "variants", "replay sends one workload: remove the variants")]
             )
+        notes = preflight(spec, base, path, seed)  # as simulate checks it: its size, traces, warm-up
         for url in endpoint:  # every URL before anything is written or sent
             normalize_base_url(url)
         if server is not None:
@@ -84,6 +86,7 @@ def replay_command(
     except InputError as e:
         fail(e.problems)
         return
+    print_notes(notes)
     console = Console()
     if not console.is_terminal:  # files and pipes get whole lines
         console = Console(width=140)

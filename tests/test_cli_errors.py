@@ -496,6 +496,11 @@ CALIBRATE_CASES = [
         fragment="typo.measurements.csv: nothing to resume: no measurements file (drop --resume",
     ),
     CalibrateCase(
+        "measurements-path-is-a-folder",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/taken.yaml", "--resume"),
+        fragment="taken.measurements.csv: is a folder, where the measurements file goes",
+    ),
+    CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
         server="error",
@@ -569,9 +574,10 @@ def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
 
 # --- every other command, as a new user mistypes it ---------------------------------------------------
 # Arguments are formatted with: {in} a folder of inputs (ok.yaml: a valid tiny scenario; binary.yaml; a
-# folder; a top-level list; huge.yaml: ok.yaml at 10^8 requests per second; a damaged Parquet), {tmp} the
-# test's own folder, {sim} and {other} the `simulate --out` folders of ok.yaml and of ok.yaml at twice the
-# rate, {refused} a URL nobody listens on, {busy} a port something already listens on.
+# folder, and one named taken.measurements.csv; a top-level list; huge.yaml: ok.yaml at 10^8 requests per
+# second; a damaged Parquet), {tmp} the test's own folder, {sim} and {other} the `simulate --out` folders
+# of ok.yaml and of ok.yaml at twice the rate, {refused} a URL nobody listens on, {busy} a port something
+# already listens on.
 
 
 @dataclass(frozen=True)
@@ -921,6 +927,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
     )
     (root / "folder").mkdir()
+    (root / "taken.measurements.csv").mkdir()
     (root / "damaged").mkdir()
     (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")
     for name, rate in (("sim", 4), ("other", 8)):

@@ -83,6 +83,8 @@ def check_out(out: Path, resume: bool) -> None:
     """Before anything is measured or launched: a new calibration writes over no file (a profile, or
     anything else given as --out), and `--resume` needs the measurements file it continues."""
     csv_path = measurements_path(out)
+    if csv_path.is_dir():
+        raise InputError([problem(csv_path, None, "is a folder, where the measurements file goes")])
     if resume and not csv_path.is_file():
         why = "nothing to resume: no measurements file (drop --resume to start a calibration)"
         raise InputError([problem(csv_path, None, why)])

@@ -242,13 +242,15 @@ BAD_BACKENDS = [
         "--backend: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
     ),
     ("dns+http://svc:http", "--backend: 'http://svc:http': the port must be a number from 1 to 65535"),
+    ("http://h:8000 http://h:8000/", "--backend http://h:8000/: that backend is already given"),
 ]
 
 
 @pytest.mark.parametrize(("backend", "line"), BAD_BACKENDS, ids=[b for b, _ in BAD_BACKENDS])
 def test_a_backend_url_that_cannot_be_reached_is_one_line_before_listening(backend: str, line: str) -> None:
-    """A backend URL without a host or with a port out of range is refused before the gateway listens (it
-    used to start and fail every request); the pool it was meant for is not reported again as having none."""
+    """A backend URL without a host or with a port out of range, or given twice (one server counted as two
+    replicas), is refused before the gateway listens; the pool it was meant for is not reported again as
+    having none."""
     from typer.testing import CliRunner
 
     from simadmit.cli import app
@@ -257,7 +259,8 @@ def test_a_backend_url_that_cannot_be_reached_is_one_line_before_listening(backe
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
-        r = CliRunner().invoke(app, ["gateway", "--backend", backend, "--host", "127.0.0.1", "--port", port])
+        backends = [a for b in backend.split() for a in ("--backend", b)]
+        r = CliRunner().invoke(app, ["gateway", *backends, "--host", "127.0.0.1", "--port", port])
     assert r.exit_code == 2, r.output
     assert r.output.strip().splitlines() == [f"error: {line}"], r.output
 

@@ -80,6 +80,9 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
             except InputError as e:
                 problems += e.problems
                 continue
+            if any(url.rstrip("/") in urls for urls in found.values()):  # one server counted as two replicas
+                problems.append(f"--backend {arg}: that backend is already given")
+                continue
             found[name].append(url.rstrip("/"))
     problems += [f"--backend: pool {n!r} has no backend" for n in pools if n not in named]
     if problems:

@@ -17,9 +17,9 @@ from simadmit.results.compare import Run, compare, measured, request_rows, run_d
 from tests.test_loadgen import scenario_doc
 
 
-def simulated(tmp_path: Path, name: str = "sim") -> Path:
+def simulated(tmp_path: Path, name: str = "sim", rate: float = 4.0) -> Path:
     scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump(scenario_doc(200, rate=4.0)))
+    scenario.write_text(yaml.safe_dump(scenario_doc(200, rate=rate)))
     out = tmp_path / name
     result = CliRunner().invoke(app, ["simulate", str(scenario), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -183,6 +183,16 @@ def test_a_table_compare_cannot_measure_is_one_line_naming_file_and_column(
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert f"{tmp_path / 'real' / 'requests.parquet'}" in result.output and fragment in result.output
+
+
+def test_a_simulation_at_another_rate_is_not_the_same_request_list(tmp_path: Path) -> None:
+    """The same 200 requests in the same tiers, drawn at twice the rate: the arrivals span half the time,
+    which `compare` refuses in one line rather than reporting the rate as a fidelity error."""
+    sim, fast = simulated(tmp_path), simulated(tmp_path, "fast", rate=8.0)
+    result = CliRunner().invoke(app, ["compare", str(fast), str(sim)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{sim}: not the request list of {fast} (arrivals over" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(

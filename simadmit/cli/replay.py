@@ -251,25 +251,40 @@ def _checked_warmup(warmup: object, runs: list[Run], scenario: Path | None) -> f
 
 
 def _same_request_list(folders: list[tuple[Path, list[Run]]]) -> None:
-    """Every run compared must have sent the same request list: the same number of requests per tier.
+    """Every run compared must have sent the same request list: the same number of requests per tier and,
+    against a simulation of one seed, arrivals over the same span (within 5% and 50 ms: a real run's
+    requests leave a little late).
 
-    A simulation of another scenario (or another seed) would otherwise be reported as a fidelity error.
+    A simulation of another scenario (another seed, another rate) would otherwise be reported as a fidelity
+    error.
     """
     first_folder, first = folders[0]
-    want = _tier_counts(first[0])
+    want, want_span = _tier_counts(first[0]), _span(first[0])
     for folder, runs in folders:
         for run in runs:
+            where = run.source if folder != first_folder else first_folder
             if (got := _tier_counts(run)) != want:
-                raise InputError(
-                    [
-                        problem(
-                            run.source if folder != first_folder else first_folder,
-                            None,
-                            f"not the request list of {first[0].source} ({_shown(got)} vs {_shown(want)}): "
-                            "compare runs of one scenario and seed",
-                        )
-                    ]
-                )
+                raise _other_list(where, first[0], f"{_shown(got)} vs {_shown(want)}")
+            span = _span(run)
+            if len(first) == 1 and abs(span - want_span) > 0.05 * want_span + 0.05:
+                raise _other_list(where, first[0], f"arrivals over {span:.3g} s vs {want_span:.3g} s")
+
+
+def _other_list(where: str | Path, first: Run, how: str) -> InputError:
+    return InputError(
+        [
+            problem(
+                where,
+                None,
+                f"not the request list of {first.source} ({how}): compare runs of one scenario and seed",
+            )
+        ]
+    )
+
+
+def _span(run: Run) -> float:
+    arrivals = run.requests["arrival_s"]
+    return float(arrivals.max() - arrivals.min())
 
 
 def _tier_counts(run: Run) -> dict[str, int]:

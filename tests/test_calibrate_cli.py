@@ -67,6 +67,13 @@ def test_launch_without_vllm_fails_fast_with_the_servers_last_words(tmp_path: Pa
     assert_one_line_error(result, "vLLM exited", "No module named 'vllm'")
 
 
+def test_launch_with_an_interpreter_that_does_not_exist_names_the_option(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-python")
+    result = calibrate("--launch", "some/model", "--vllm-python", missing, "--out", str(tmp_path / "p.yaml"))
+    assert_one_line_error(result, f"--vllm-python: cannot start {missing}: No such file or directory")
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
 def test_vllm_args_need_launch(tmp_path: Path) -> None:
     result = calibrate(
         "--endpoint", "http://127.0.0.1:1", "--out", str(tmp_path / "p.yaml"), "--", "--dtype", "x"

@@ -108,6 +108,13 @@ def replay_command(
         except InputError as e:
             fail(e.problems)
             return
+        except KeyboardInterrupt:
+            kept = f"; {', '.join(f'repeat-{j}' for j in range(1, k))} kept" if k > 1 else ""
+            Console(stderr=True, soft_wrap=True, highlight=False).print(
+                f"interrupted: {where} is not written (a run is kept only once every request has finished)"
+                + kept, markup=False,
+            )  # fmt: skip
+            raise typer.Exit(130) from None
         _print_facts(console, where, facts)
         if failed := _unanswered(run):
             reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())

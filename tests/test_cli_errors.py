@@ -574,10 +574,10 @@ def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
 
 # --- every other command, as a new user mistypes it ---------------------------------------------------
 # Arguments are formatted with: {in} a folder of inputs (ok.yaml: a valid tiny scenario; binary.yaml; a
-# folder, and one named taken.measurements.csv; a top-level list; huge.yaml: ok.yaml at 10^8 requests per
-# second; a damaged Parquet), {tmp} the test's own folder, {sim} and {other} the `simulate --out` folders
-# of ok.yaml and of ok.yaml at twice the rate, {refused} a URL nobody listens on, {busy} a port something
-# already listens on.
+# folder, and one named taken.measurements.csv; a top-level list; dup.yaml: ok.yaml naming it twice;
+# huge.yaml: ok.yaml at 10^8 requests per second; a damaged Parquet), {tmp} the test's own folder, {sim}
+# and {other} the `simulate --out` folders of ok.yaml and of ok.yaml at twice the rate, {refused} a URL
+# nobody listens on, {busy} a port something already listens on.
 
 
 @dataclass(frozen=True)
@@ -713,6 +713,26 @@ COMMAND_CASES = [
         "plot-folder-without-manifest",
         ("plot", "{in}/damaged"),
         fragment="damaged: incomplete folder: no manifest.json",
+    ),
+    CommandCase(
+        "replay-key-given-twice",
+        ("replay", "{in}/dup.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
+        fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",  # not the last one silently
+    ),
+    CommandCase(
+        "gateway-key-given-twice",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/dup.yaml",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",
     ),
     CommandCase(
         "replay-connection-refused",
@@ -923,6 +943,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
     )

@@ -247,16 +247,20 @@ def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
     assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()
 
 
-def test_a_second_endpoint_that_refuses_connections_stops_the_replay_before_it_sends(tmp_path: Path) -> None:
-    """A mistyped second gateway replica is one line and exit 2 before any request leaves, not a run in
-    which every other attempt failed to connect."""
+@pytest.mark.parametrize("option", ["--endpoint", "--server"])
+def test_a_second_url_that_refuses_connections_stops_the_replay_before_it_sends(
+    tmp_path: Path, option: str
+) -> None:
+    """A mistyped second gateway replica, or server behind the gateways, is one line naming its option and
+    exit 2 before any request leaves: not a run in which every other attempt failed to connect, nor one
+    without the server's metrics."""
     scenario = write_scenario(tmp_path, scenario_doc(8))
     with fake_server() as a:
-        args = ["replay", str(scenario), "--endpoint", a.url, "--endpoint", "http://127.0.0.1:9"]
+        args = ["replay", str(scenario), "--endpoint", a.url, option, "http://127.0.0.1:9"]
         result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
         sent = a.completions
     assert result.exit_code == 2, result.output
-    assert "--endpoint: http://127.0.0.1:9: connection refused" in result.output
+    assert f"{option}: http://127.0.0.1:9: connection refused" in result.output
     assert sent == 0 and not (tmp_path / "out").exists()
 
 

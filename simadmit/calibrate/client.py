@@ -120,7 +120,7 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
+def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> InputError:
     """Name the cause a user can act on: refused (nothing listens), unknown host, or time-out."""
     causes = []
     e: BaseException | None = error
@@ -135,7 +135,7 @@ def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
         cause = "no answer (timed out)"
     else:
         cause = f"cannot connect ({error or type(error).__name__})"
-    return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
+    return InputError([problem(None, option, f"{base_url}: {cause}")])
 
 
 def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
@@ -204,18 +204,21 @@ def stream_event(payload: bytes) -> dict[str, Any]:
     return event
 
 
-async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
-    """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
+async def discover(
+    client: httpx.AsyncClient, base_url: str, model: str | None, option: str = "--endpoint"
+) -> Endpoint:
+    """Ask `/v1/models` for the served model and its context length; connection trouble is the user's, told
+    against `option` (the command-line option that gave `base_url`)."""
     try:
         response = await client.get(f"{base_url}/v1/models", timeout=10.0)
     except httpx.HTTPError as e:
-        raise _connection_problem(base_url, e) from None
+        raise _connection_problem(base_url, e, option) from None
     if response.status_code != 200:
         raise InputError(
             [
                 problem(
                     None,
-                    "--endpoint",
+                    option,
                     f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
                 )
             ]
@@ -224,24 +227,23 @@ async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) 
         served = {m["id"]: m for m in response.json()["data"]}
     except (ValueError, KeyError, TypeError):
         raise InputError(
-            [problem(None, "--endpoint", f"{base_url}/v1/models did not return a model list")]
+            [problem(None, option, f"{base_url}/v1/models did not return a model list")]
         ) from None
     if not served:
-        raise InputError([problem(None, "--endpoint", f"{base_url} serves no model")])
+        raise InputError([problem(None, option, f"{base_url} serves no model")])
     if model is None:
         model = next(iter(served))
     elif model not in served:
+        field = (
+            "--model" if option == "--endpoint" else option
+        )  # another option: the model came from elsewhere
         raise InputError(
-            [
-                problem(
-                    None, "--model", f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})"
-                )
-            ]
+            [problem(None, field, f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")]
         )
     max_len = served[model].get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
         raise InputError(
-            [problem(None, "--endpoint", f"{base_url}/v1/models gives no max_model_len for {model!r}")]
+            [problem(None, option, f"{base_url}/v1/models gives no max_model_len for {model!r}")]
         )
     version = "unknown"
     try:

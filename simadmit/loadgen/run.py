@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -77,9 +77,11 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
         for more in cfg.more_endpoints:  # each must answer and serve the model before anything is sent
             await discover(side, normalize_base_url(more), endpoint.model)
-        behind = (
-            replace(endpoint, base_url=normalize_base_url(cfg.server, "--server")) if cfg.server else endpoint
-        )
+        behind = endpoint
+        if cfg.server:  # it must answer too: its /metrics and /tokenize would otherwise be lost silently
+            behind = await discover(
+                side, normalize_base_url(cfg.server, "--server"), endpoint.model, "--server"
+            )
         ids = await tokenize(side, endpoint, SAMPLE_TEXT)
         if ids is None and behind is not endpoint:
             ids = await tokenize(side, behind, SAMPLE_TEXT)

@@ -770,6 +770,20 @@ COMMAND_CASES = [
         fragment="--endpoint: 'host:9000' is not an http(s) URL",  # before the first is even tried
     ),
     CommandCase(
+        "replay-endpoint-given-twice",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--endpoint",
+            "{refused}/v1/",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="--endpoint: {refused} given twice",
+    ),
+    CommandCase(
         "replay-server-not-a-url",
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--server", "h:80", "--out", "{tmp}/r"),
         fragment="--server: 'h:80' is not an http(s) URL",

@@ -75,8 +75,10 @@ def replay_command(
                 [problem(scenario, "variants", "replay sends one workload: remove the variants")]
             )
         notes = preflight(spec, base, path, seed)  # as simulate checks it: its size, traces, warm-up
-        for url in endpoint:  # every URL before anything is written or sent
-            normalize_base_url(url)
+        urls = [normalize_base_url(url) for url in endpoint]  # every URL before anything is written or sent
+        if twice := sorted({u for u in urls if urls.count(u) > 1}):
+            why = "given twice: each --endpoint stands for one gateway replica, its attempts in the gateway column"
+            raise InputError([problem(None, "--endpoint", f"{twice[0]} {why}")])
         if server is not None:
             normalize_base_url(server, "--server")
         if _holds_a_run(out):

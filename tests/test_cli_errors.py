@@ -914,6 +914,23 @@ COMMAND_CASES = [
         fragment="ok.yaml: gateway.http: tier_header, deadline_header and elapsed_header must be different",
     ),
     CommandCase(
+        "gateway-tokenizer-not-found",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--set",
+            "gateway.http.tokenizer=no.json",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="ok.yaml: gateway.http.tokenizer: {in}/no.json: file not found",
+    ),
+    CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
         fragment="folder: is a folder; give the profile's file",

@@ -90,7 +90,10 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
     return tuple(tuple(found[n]) for n in pools)
 
 
-def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None) -> ServeSettings:
+def serve_settings(
+    spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, source: Path | None = None
+) -> ServeSettings:
+    """What the gateway runs, from the scenario (`source`, named in its problems) and the command line."""
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     http = spec.gateway.http
@@ -102,5 +105,5 @@ def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: 
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
         default_tier=http.default_tier or spec.workload.tiers[0].name,
-        tokenizer=LocalTokenizer(base / http.tokenizer) if http.tokenizer else None,
+        tokenizer=LocalTokenizer(base / http.tokenizer, source) if http.tokenizer else None,
     )

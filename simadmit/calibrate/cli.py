@@ -112,7 +112,8 @@ def calibrate_command(
     workload: Annotated[
         Path | None,
         typer.Option(
-            help="scenario YAML whose prompt lengths join the prefill sweep (weights it like your mix)"
+            help="scenario YAML (or a bundled scenario's name) whose prompt lengths join the prefill sweep "
+            "(weights it like your mix)"
         ),
     ] = None,
     launch: Annotated[

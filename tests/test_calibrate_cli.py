@@ -45,7 +45,9 @@ def test_unknown_host_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert_one_line_error(result, "unknown host")
 
 
-@pytest.mark.parametrize("url", ["localhost:8000", "ftp://host/x", "http://"])
+@pytest.mark.parametrize(
+    "url", ["localhost:8000", "ftp://host/x", "http://", "http://:8000", "http://[::1", "http://host:99999"]
+)
 def test_bad_url_is_one_line_and_exit_2(tmp_path: Path, url: str) -> None:
     assert_one_line_error(calibrate("--endpoint", url, "--out", str(tmp_path / "p.yaml")), "--endpoint")
 
@@ -63,6 +65,13 @@ def test_launch_without_vllm_fails_fast_with_the_servers_last_words(tmp_path: Pa
         "--", "--dtype", "bfloat16",
     )  # fmt: skip
     assert_one_line_error(result, "vLLM exited", "No module named 'vllm'")
+
+
+def test_launch_with_an_interpreter_that_does_not_exist_names_the_option(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-python")
+    result = calibrate("--launch", "some/model", "--vllm-python", missing, "--out", str(tmp_path / "p.yaml"))
+    assert_one_line_error(result, f"--vllm-python: cannot start {missing}: No such file or directory")
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
 
 
 def test_vllm_args_need_launch(tmp_path: Path) -> None:

@@ -113,6 +113,9 @@ def test_workload_prompt_lengths_join_the_prefill_sweep() -> None:
     assert set(prefill_lengths(8192, 4096)) <= set(sweep.prompt_tokens)
     assert max(sweep.prompt_tokens) < 8192
     assert sweep.min_requests == len(sweep.prompt_tokens)
+    assert (
+        workload_prompt_lengths("default") == mix
+    )  # a bundled scenario by name, as the other commands take it
 
 
 def test_a_bad_workload_scenario_is_one_line_and_exit_code_2(tmp_path: Path) -> None:

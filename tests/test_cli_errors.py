@@ -486,6 +486,21 @@ CALIBRATE_CASES = [
         fragment="binary-run.measurements.csv: not a measurements file (not UTF-8 text)",
     ),
     CalibrateCase(
+        "out-is-a-file-that-is-not-a-calibration",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/ok.yaml"),
+        fragment="ok.yaml: already exists: give --out a new file, or remove it",  # it was measured, then replaced
+    ),
+    CalibrateCase(
+        "resume-with-nothing-to-resume",
+        ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/typo.yaml", "--resume"),
+        fragment="typo.measurements.csv: nothing to resume: no measurements file (drop --resume",
+    ),
+    CalibrateCase(
+        "measurements-path-is-a-folder",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/taken.yaml", "--resume"),
+        fragment="taken.measurements.csv: is a folder, where the measurements file goes",
+    ),
+    CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
         server="error",
@@ -559,9 +574,10 @@ def test_study_negative_seed(args: tuple[str, ...], tmp_path: Path) -> None:
 
 # --- every other command, as a new user mistypes it ---------------------------------------------------
 # Arguments are formatted with: {in} a folder of inputs (ok.yaml: a valid tiny scenario; binary.yaml; a
-# folder; a top-level list; a damaged Parquet), {tmp} the test's own folder, {sim} and {other} the
-# `simulate --out` folders of ok.yaml and of ok.yaml at twice the rate, {refused} a URL nobody listens on,
-# {busy} a port something already listens on.
+# folder, and one named taken.measurements.csv; a top-level list; dup.yaml: ok.yaml naming it twice;
+# huge.yaml: ok.yaml at 10^8 requests per second; a damaged Parquet), {tmp} the test's own folder, {sim}
+# and {other} the `simulate --out` folders of ok.yaml and of ok.yaml at twice the rate, {refused} a URL
+# nobody listens on, {busy} a port something already listens on.
 
 
 @dataclass(frozen=True)
@@ -699,6 +715,26 @@ COMMAND_CASES = [
         fragment="damaged: incomplete folder: no manifest.json",
     ),
     CommandCase(
+        "replay-key-given-twice",
+        ("replay", "{in}/dup.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
+        fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",  # not the last one silently
+    ),
+    CommandCase(
+        "gateway-key-given-twice",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/dup.yaml",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",
+    ),
+    CommandCase(
         "replay-connection-refused",
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
         fragment="connection refused (is the server running on that port?)",
@@ -719,6 +755,78 @@ COMMAND_CASES = [
         fragment="--endpoint: 'localhost:8000' is not an http(s) URL",
     ),
     CommandCase(
+        "replay-endpoint-port-out-of-range",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:99999", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
+    ),
+    CommandCase(
+        "replay-endpoint-port-not-a-number",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:80a", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://127.0.0.1:80a': the port must be a number",
+    ),
+    CommandCase(
+        "replay-second-endpoint-not-a-url",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--endpoint", "host:9000", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'host:9000' is not an http(s) URL",  # before the first is even tried
+    ),
+    CommandCase(
+        "replay-endpoint-given-twice",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--endpoint",
+            "{refused}/v1/",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="--endpoint: {refused} given twice",
+    ),
+    CommandCase(
+        "replay-server-not-a-url",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--server", "h:80", "--out", "{tmp}/r"),
+        fragment="--server: 'h:80' is not an http(s) URL",
+    ),
+    CommandCase(
+        "replay-negative-seed",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--seed", "-1", "--out", "{tmp}/r"),
+        fragment="--seed: must be a whole number from 0 to 2^63 - 1, got -1",
+    ),
+    CommandCase(
+        "replay-seed-too-large",
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--seed", str(2**64), "--out", "{tmp}/r"),
+        fragment="--seed: must be a whole number from 0 to 2^63 - 1",  # not found after the run is sent
+    ),
+    CommandCase(
+        "replay-workload-too-big",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--set",
+            "workload.rate_rps=100000000",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="ok.yaml: workload.duration_s: 4 s at 1e+08 req/s is about 4e+08 requests",  # not drawn
+    ),
+    CommandCase(
+        "replay-workload-without-requests",
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "{refused}",
+            "--set",
+            "workload.rate_rps=0.0001",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="ok.yaml: workload: no request arrives in this workload",
+    ),
+    CommandCase(
         "compare-different-scenarios",
         ("compare", "{sim}", "{other}"),
         fragment="other: not the request list of",
@@ -735,6 +843,16 @@ COMMAND_CASES = [
     ),
     CommandCase(
         "compare-warmup-nan", ("compare", "{sim}", "{sim}", "--warmup", "nan"), fragment="--warmup: must be 0"
+    ),
+    CommandCase(
+        "compare-warmup-past-every-arrival",
+        ("compare", "{sim}", "{sim}", "--warmup", "1000"),
+        fragment="--warmup: 1000 s leaves out every request of {sim} (the last arrives at",
+    ),
+    CommandCase(
+        "compare-out-is-a-run-folder",
+        ("compare", "{sim}", "{sim}", "--out", "{sim}"),
+        fragment="{sim}: holds a run: give --out a folder of its own",  # never mixed into the run's files
     ),
     CommandCase(
         "compare-out-is-a-file",
@@ -762,6 +880,57 @@ COMMAND_CASES = [
         fragment="binary.yaml: not a text file",
     ),
     CommandCase(
+        "gateway-tier-header-with-a-space",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--set",
+            "gateway.http.tier_header=x tier",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="ok.yaml: gateway.http.tier_header: 'x tier' is not an HTTP header name",
+    ),
+    CommandCase(
+        "gateway-one-header-for-two-things",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--set",
+            "gateway.http.deadline_header=X-Tier",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="ok.yaml: gateway.http: tier_header, deadline_header and elapsed_header must be different",
+    ),
+    CommandCase(
+        "gateway-tokenizer-not-found",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--set",
+            "gateway.http.tokenizer=no.json",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="ok.yaml: gateway.http.tokenizer: {in}/no.json: file not found",
+    ),
+    CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
         fragment="folder: is a folder; give the profile's file",
@@ -775,6 +944,11 @@ COMMAND_CASES = [
         "calibrate-binary-workload",
         ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--workload", "{in}/binary.yaml"),
         fragment="binary.yaml: not a text file",
+    ),
+    CommandCase(
+        "calibrate-workload-too-big",
+        ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--workload", "{in}/huge.yaml"),
+        fragment="huge.yaml: workload.duration_s: 4 s at 1e+08 req/s is about 4e+08 requests",
     ),
     CommandCase(
         "calibrate-check-binary-profile",
@@ -800,7 +974,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "dup.yaml").write_text(text + "name: again\n")
+    (root / "huge.yaml").write_text(
+        yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
+    )
     (root / "folder").mkdir()
+    (root / "taken.measurements.csv").mkdir()
     (root / "damaged").mkdir()
     (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")
     for name, rate in (("sim", 4), ("other", 8)):

@@ -8,10 +8,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.console import command as console_command
 from tests.console import env, run
+from tests.fake_openai import fake_server
 from tests.fake_vllm import FakeVllm
+from tests.test_loadgen import scenario_doc
 
 SHORT = ("--set", "workload.duration_s=5", "--set", "workload.warmup_s=1")
 
@@ -132,6 +135,44 @@ def test_a_full_disk_stops_a_calibration_keeping_its_rows(tmp_path: Path) -> Non
     rows = kept.read_text().splitlines()
     assert rows[0].startswith("phase,concurrency,seq,")
     assert len(rows) > 2  # the header and the measurements that fitted
+
+
+def test_a_full_disk_leaves_no_partial_replay(tmp_path: Path) -> None:
+    """No space left for a replay's tables: one line naming the folder, and nothing that looks like a run
+    (a truncated requests.parquet would block the rerun and read as damaged in `compare`)."""
+    cmd = " ".join(console_command())
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc(12)))
+    with fake_server() as server:
+        result = _on_a_full_disk(
+            tmp_path, 12, f"{cmd} replay {scenario} --endpoint {server.url} --out $FULL/r >/dev/null; "
+            "echo exit=$?; ls -A $FULL",
+        )  # fmt: skip
+    assert result.stdout.strip() == "exit=2", result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'full' / 'r'}: could not write the outputs (No space left on device); the folder "
+        "is as it was"
+    ]
+
+
+def test_a_full_disk_leaves_no_partial_compare_report(tmp_path: Path) -> None:
+    """No space left for the report's table and plots: one line naming the folder, nothing half written."""
+    cmd = " ".join(console_command())
+    sim, scenario = tmp_path / "sim", tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc(40)))
+    assert run("simulate", str(scenario), "--out", str(sim)).returncode == 0
+    result = _on_a_full_disk(
+        tmp_path,
+        16,
+        f"{cmd} compare {sim} {sim} --out $FULL/report >/dev/null; echo exit=$?; ls -A $FULL",
+    )
+    assert result.stdout.strip() == "exit=2", result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'full' / 'report'}: could not write the outputs (No space left on device); the "
+        "folder is as it was"
+    ]
 
 
 def test_out_holding_other_files_is_not_replaced(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from simadmit.results.compare import Run, compare, measured, request_rows, run_d
 from tests.test_loadgen import scenario_doc
 
 
-def simulated(tmp_path: Path, name: str = "sim") -> Path:
+def simulated(tmp_path: Path, name: str = "sim", rate: float = 4.0) -> Path:
     scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump(scenario_doc(200, rate=4.0)))
+    scenario.write_text(yaml.safe_dump(scenario_doc(200, rate=rate)))
     out = tmp_path / name
     result = CliRunner().invoke(app, ["simulate", str(scenario), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -137,7 +137,10 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
         )
     assert [p.name for p in run_dirs([tmp_path / "real"])] == ["repeat-1", "repeat-2", "repeat-10"]
     missing = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "nowhere")])
-    assert missing.exit_code == 2 and "no requests.parquet" in missing.output
+    assert missing.exit_code == 2 and "nowhere: folder not found" in missing.output
+    (tmp_path / "empty").mkdir()
+    empty = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "empty: no requests.parquet here" in empty.output
     table = pd.read_parquet(sim / "requests.parquet")
     pd.concat([table, table.assign(policy="other")]).to_parquet(tmp_path / "two.parquet")
     (tmp_path / "two").mkdir()
@@ -148,6 +151,70 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
         app, ["compare", str(tmp_path / "two"), str(tmp_path / "real"), "--policy", "other"]
     )
     assert chosen.exit_code == 0 and "3 real runs" in " ".join(chosen.output.split()), chosen.output
+
+
+DAMAGED_TABLES = [
+    (
+        "no-tier",
+        lambda t: t.drop(columns=["tier"]),
+        "not a requests table of simulate or replay (no column 'tier')",
+    ),
+    (
+        "ttft-as-text",
+        lambda t: t.assign(ttft_s="x"),
+        "requests.parquet: ttft_s: holds str values, not numbers",
+    ),
+    ("no-rows", lambda t: t.iloc[:0], "requests.parquet: holds no requests"),
+    ("no-arrivals", lambda t: t.assign(arrival_s=np.nan), "arrival_s: 200 rows have no arrival time"),
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGED_TABLES, ids=[d[0] for d in DAMAGED_TABLES])
+def test_a_table_compare_cannot_measure_is_one_line_naming_file_and_column(
+    tmp_path: Path, damage: tuple
+) -> None:
+    """A requests table with a column missing or not numbers, no rows, or no arrival times: one line naming
+    the file and the column, exit 2, never a traceback nor a report over nothing."""
+    _, mutate, fragment = damage
+    sim = simulated(tmp_path)
+    (tmp_path / "real").mkdir()
+    mutate(pd.read_parquet(sim / "requests.parquet")).to_parquet(tmp_path / "real" / "requests.parquet")
+    result = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "real")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{tmp_path / 'real' / 'requests.parquet'}" in result.output and fragment in result.output
+
+
+def test_a_simulation_at_another_rate_is_not_the_same_request_list(tmp_path: Path) -> None:
+    """The same 200 requests in the same tiers, drawn at twice the rate: the arrivals span half the time,
+    which `compare` refuses in one line rather than reporting the rate as a fidelity error."""
+    sim, fast = simulated(tmp_path), simulated(tmp_path, "fast", rate=8.0)
+    result = CliRunner().invoke(app, ["compare", str(fast), str(sim)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{sim}: not the request list of {fast} (arrivals over" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("warmup", "fragment"),
+    [
+        ("abc", "workload.warmup_s: must be 0 or more seconds, got 'abc'"),
+        (500, "workload.warmup_s: 500 s leaves out"),
+    ],
+)
+def test_the_simulations_warmup_is_checked_like_the_option(
+    tmp_path: Path, warmup: object, fragment: str
+) -> None:
+    """Without --warmup the simulation folder's scenario.yaml gives it: a value that is not seconds, or one
+    past every arrival, is one line naming that file and field."""
+    sim = simulated(tmp_path)
+    doc = yaml.safe_load((sim / "scenario.yaml").read_text())
+    doc["workload"]["warmup_s"] = warmup
+    (sim / "scenario.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["compare", str(sim), str(sim)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{sim / 'scenario.yaml'}: {fragment}" in result.output
 
 
 def test_compare_reads_a_real_folder_with_unanswered_requests(tmp_path: Path) -> None:

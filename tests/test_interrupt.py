@@ -16,6 +16,8 @@ import yaml
 
 from simadmit.results.run_folder import read_manifest
 from tests.console import command, env
+from tests.fake_openai import fake_server
+from tests.test_loadgen import scenario_doc
 
 DEFAULT = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"
 
@@ -28,15 +30,15 @@ def _scenario(tmp_path: Path, duration_s: float) -> Path:
     return path
 
 
-def _interrupt_when(args: list[str], ready: re.Pattern[str]) -> tuple[int, str, float]:
-    """Start the command, press Ctrl-C once a line of its stderr matches `ready`; (exit code, stderr, seconds
-    from Ctrl-C to exit)."""
-    code, output, seconds, _ = _interrupt_timed(args, ready)
+def _interrupt_when(args: list[str], ready: re.Pattern[str], wait_s: float = 0.0) -> tuple[int, str, float]:
+    """Start the command, press Ctrl-C `wait_s` after a line of its stderr matches `ready`; (exit code,
+    stderr, seconds from Ctrl-C to exit)."""
+    code, output, seconds, _ = _interrupt_timed(args, ready, wait_s)
     return code, output, seconds
 
 
 def _interrupt_timed(
-    args: list[str], ready: re.Pattern[str]
+    args: list[str], ready: re.Pattern[str], wait_s: float = 0.0
 ) -> tuple[int, str, float, list[tuple[float, str]]]:
     """`_interrupt_when`, with the time each line before Ctrl-C was read (after the time the command was
     started, with an empty line), and a check that no process of the command (its workers included)
@@ -55,6 +57,7 @@ def _interrupt_timed(
             break
     else:
         raise AssertionError("finished before it could be interrupted:\n" + "".join(lines))
+    time.sleep(wait_s)
     os.killpg(proc.pid, signal.SIGINT)
     pressed = time.monotonic()
     stdout, rest = proc.communicate(timeout=120)
@@ -95,6 +98,26 @@ def test_simulate_keeps_the_finished_runs_marked_partial(tmp_path: Path) -> None
     )
     assert plotted.returncode == 0, plotted.stderr
     assert "holds an interrupted run" in plotted.stderr
+
+
+def test_replay_interrupted_says_what_it_did_not_write(tmp_path: Path) -> None:
+    """A replay is kept only whole: Ctrl-C mid-run is one line saying its folder is not written, exit 130,
+    and no folder that looks like a run (the trace's skipped row makes a note to wait for)."""
+    rows = "".join(f"2023-11-16 18:15:{10 + 0.1 * i:06.3f},50,4\n" for i in range(100))
+    (tmp_path / "trace.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "bad,1,1\n")
+    doc = scenario_doc()
+    doc["workload"] = {"seed": 1, "trace": {"path": "trace.csv", "format": "azure", "on_error": "skip"},
+                       "tiers": [{"name": "t"}]}  # fmt: skip
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "real"
+    with fake_server() as server:
+        args = ["replay", str(tmp_path / "s.yaml"), "--endpoint", server.url, "--out", str(out)]
+        code, output, _ = _interrupt_when(args, re.compile(r"^note: "), wait_s=2.0)
+        sent = server.completions
+    assert code == 130, output
+    assert "Traceback" not in output and 0 < sent < 100
+    assert f"interrupted: {out} is not written (a run is kept only once every request has finished)" in output
+    assert not out.exists()
 
 
 def test_sweep_stops_promptly_and_resumes(tmp_path: Path) -> None:

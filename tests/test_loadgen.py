@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,6 +20,7 @@ from simadmit.loadgen.run import ReplayConfig, replay
 from simadmit.loadgen.tables import write_run
 from simadmit.workload.build import generate
 from tests.fake_openai import fake_server
+from tests.fake_vllm import FakeVllm
 from tests.helpers import ROOT
 
 PROFILE = str(ROOT / "calibration" / "smollm2-135m-cpu.yaml")
@@ -242,3 +245,76 @@ def test_attempts_go_to_several_endpoints_in_turn(tmp_path: Path) -> None:
     assert served == (10, 10)
     assert sorted(req["gateway"].value_counts().to_dict().items()) == [(0, 10), (1, 10)]
     assert (req["outcome"] == "completed").all() and req["predicted_wait_s"].isna().all()
+
+
+@pytest.mark.parametrize("option", ["--endpoint", "--server"])
+def test_a_second_url_that_refuses_connections_stops_the_replay_before_it_sends(
+    tmp_path: Path, option: str
+) -> None:
+    """A mistyped second gateway replica, or server behind the gateways, is one line naming its option and
+    exit 2 before any request leaves: not a run in which every other attempt failed to connect, nor one
+    without the server's metrics."""
+    scenario = write_scenario(tmp_path, scenario_doc(8))
+    with fake_server() as a:
+        args = ["replay", str(scenario), "--endpoint", a.url, option, "http://127.0.0.1:9"]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+        sent = a.completions
+    assert result.exit_code == 2, result.output
+    assert f"{option}: http://127.0.0.1:9: connection refused" in result.output
+    assert sent == 0 and not (tmp_path / "out").exists()
+
+
+def test_a_replay_that_no_request_got_an_answer_from_exits_1_keeping_the_run(tmp_path: Path) -> None:
+    """An endpoint that lists a model but fails every completion (here HTTP 500): one line saying nothing
+    was answered and why, exit 1 and no further repeats, and the failed run kept as it was measured."""
+    scenario = write_scenario(tmp_path, scenario_doc(4))
+    with FakeVllm(then="error") as server:
+        args = ["replay", str(scenario), "--endpoint", server.url, "--repeat", "2"]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert (
+        f"repeat-1: no request was answered (4 http_500): is {server.url} an OpenAI-compatible"
+        in " ".join(result.output.split())
+    )
+    assert len(pd.read_parquet(tmp_path / "out" / "repeat-1" / "requests.parquet")) == 4
+    assert not (tmp_path / "out" / "repeat-2").exists()
+
+
+ODD_STREAMS = [
+    b"data: 42\n\ndata: [DONE]\n\n",
+    b'data: ["error"]\n\ndata: [DONE]\n\n',
+    b'data: {"choices": [{"text": "x"}], "usage": [1]}\n\ndata: [DONE]\n\n',
+    b'data: {"choices": [{"text": "x"}]}\n\ndata: {"usage": {"prompt_tokens": "many"}}\n\ndata: [DONE]\n\n',
+]
+
+
+@pytest.mark.parametrize("stream", ODD_STREAMS, ids=["number", "list", "usage-list", "usage-text"])
+def test_a_server_streaming_what_vllm_never_sends_fails_the_attempt_not_the_run(stream: bytes) -> None:
+    """JSON that is not an event object, or token counts that are not numbers: the attempt is `dropped`,
+    as a cut stream is, instead of an exception that would end the replay and lose what it measured."""
+    from simadmit.loadgen.sender import encode_body, send
+
+    async def attempt() -> str:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=stream))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return (await send(client, "http://fake/v1/completions", encode_body("m", [1], 1), 5.0)).status
+
+    assert asyncio.run(attempt()) == "dropped"
+
+
+def test_a_models_list_beside_odd_version_and_tokenize_answers_is_still_an_endpoint() -> None:
+    """`/version` answering a list and `/tokenize` answering words are a server unlike vLLM: its version is
+    unknown and it has no tokenizer to use, rather than a traceback."""
+    from simadmit.calibrate.client import discover, tokenize
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 64}]})
+        return httpx.Response(200, json=[1] if request.url.path == "/version" else {"tokens": ["a"]})
+
+    async def ask() -> tuple[str, list[int] | None]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            endpoint = await discover(client, "http://fake", None)
+            return endpoint.vllm_version, await tokenize(client, endpoint, "hello")
+
+    assert asyncio.run(ask()) == ("unknown", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,37 @@ def test_unreachable_gateway_argument_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert "must start with http://" in r.output and "no pool named 'nopool'" in r.output
     assert "Traceback" not in r.output
+
+
+BAD_BACKENDS = [
+    ("ftp://x", "--backend ftp://x: the URL must start with http://, https:// or dns+http://"),
+    ("http://", "--backend: 'http://' is not an http(s) URL like http://host:8000"),
+    (
+        "http://127.0.0.1:99999",
+        "--backend: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
+    ),
+    ("dns+http://svc:http", "--backend: 'http://svc:http': the port must be a number from 1 to 65535"),
+    ("http://h:8000 http://h:8000/", "--backend http://h:8000/: that backend is already given"),
+]
+
+
+@pytest.mark.parametrize(("backend", "line"), BAD_BACKENDS, ids=[b for b, _ in BAD_BACKENDS])
+def test_a_backend_url_that_cannot_be_reached_is_one_line_before_listening(backend: str, line: str) -> None:
+    """A backend URL without a host or with a port out of range, or given twice (one server counted as two
+    replicas), is refused before the gateway listens; the pool it was meant for is not reported again as
+    having none."""
+    from typer.testing import CliRunner
+
+    from simadmit.cli import app
+
+    with socket.socket() as busy:  # were the URL accepted, listening there fails rather than serving forever
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        backends = [a for b in backend.split() for a in ("--backend", b)]
+        r = CliRunner().invoke(app, ["gateway", *backends, "--host", "127.0.0.1", "--port", port])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [f"error: {line}"], r.output
 
 
 def test_kubernetes_example_scenario_is_valid() -> None:

@@ -26,7 +26,7 @@ from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import EndpointLost, RunnerSettings
 from simadmit.calibrate.report import print_calibration
-from simadmit.calibrate.run import CalibrationConfig, calibrate
+from simadmit.calibrate.run import CalibrationConfig, calibrate, check_out
 from simadmit.calibrate.workload_mix import workload_prompt_lengths
 from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import load_profile
@@ -112,7 +112,8 @@ def calibrate_command(
     workload: Annotated[
         Path | None,
         typer.Option(
-            help="scenario YAML whose prompt lengths join the prefill sweep (weights it like your mix)"
+            help="scenario YAML (or a bundled scenario's name) whose prompt lengths join the prefill sweep "
+            "(weights it like your mix)"
         ),
     ] = None,
     launch: Annotated[
@@ -148,6 +149,7 @@ def calibrate_command(
         if problems:
             raise InputError(problems)
         assert out is not None
+        check_out(out, resume)  # before a server is launched; `calibrate` checks it again for its callers
         budget_s = parse_duration(budget)
         if budget_s > MAX_BUDGET_S:
             raise InputError(

@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -99,19 +100,27 @@ class Endpoint:
     vllm_version: str
 
 
-def normalize_base_url(url: str) -> str:
-    """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL is an `InputError`."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(
-            [problem(None, "--endpoint", f"{url!r} is not an http(s) URL like http://host:8000")]
-        )
+def normalize_base_url(url: str, option: str = "--endpoint") -> str:
+    """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL with a host and a
+    port from 1 to 65535 is an `InputError` naming `option`."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # an IPv6 address without its closing bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError([problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000")])
+    try:
+        port = parts.port  # a port that is not a number, or out of range, is a ValueError
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise InputError([problem(None, option, f"{url!r}: the port must be a number from 1 to 65535")])
     path = parts.path.rstrip("/")
     path = path.removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
+def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> InputError:
     """Name the cause a user can act on: refused (nothing listens), unknown host, or time-out."""
     causes = []
     e: BaseException | None = error
@@ -126,7 +135,7 @@ def _connection_problem(base_url: str, error: httpx.HTTPError) -> InputError:
         cause = "no answer (timed out)"
     else:
         cause = f"cannot connect ({error or type(error).__name__})"
-    return InputError([problem(None, "--endpoint", f"{base_url}: {cause}")])
+    return InputError([problem(None, option, f"{base_url}: {cause}")])
 
 
 def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
@@ -171,18 +180,45 @@ class EventStream:
             yield now, payloads
 
 
-async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) -> Endpoint:
-    """Ask `/v1/models` for the served model and its context length; connection trouble is the user's."""
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A response's body as a JSON object; an empty one when it is anything else (a server not like vLLM)."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def stream_event(payload: bytes) -> dict[str, Any]:
+    """One streamed `data:` payload as vLLM sends it: a JSON object whose `usage`, when given, counts tokens
+    in whole numbers; anything else raises `ValueError`, the attempt's answer being unreadable."""
+    event = json.loads(payload)
+    if not isinstance(event, dict):
+        raise ValueError(f"a streamed event is not a JSON object: {payload[:40]!r}")
+    usage = event.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict)
+        and all(isinstance(usage.get(k, 0), int) for k in ("prompt_tokens", "completion_tokens"))
+    ):
+        raise ValueError(f"a streamed event's usage is not token counts: {payload[:40]!r}")
+    return event
+
+
+async def discover(
+    client: httpx.AsyncClient, base_url: str, model: str | None, option: str = "--endpoint"
+) -> Endpoint:
+    """Ask `/v1/models` for the served model and its context length; connection trouble is the user's, told
+    against `option` (the command-line option that gave `base_url`)."""
     try:
         response = await client.get(f"{base_url}/v1/models", timeout=10.0)
     except httpx.HTTPError as e:
-        raise _connection_problem(base_url, e) from None
+        raise _connection_problem(base_url, e, option) from None
     if response.status_code != 200:
         raise InputError(
             [
                 problem(
                     None,
-                    "--endpoint",
+                    option,
                     f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
                 )
             ]
@@ -191,31 +227,30 @@ async def discover(client: httpx.AsyncClient, base_url: str, model: str | None) 
         served = {m["id"]: m for m in response.json()["data"]}
     except (ValueError, KeyError, TypeError):
         raise InputError(
-            [problem(None, "--endpoint", f"{base_url}/v1/models did not return a model list")]
+            [problem(None, option, f"{base_url}/v1/models did not return a model list")]
         ) from None
     if not served:
-        raise InputError([problem(None, "--endpoint", f"{base_url} serves no model")])
+        raise InputError([problem(None, option, f"{base_url} serves no model")])
     if model is None:
         model = next(iter(served))
     elif model not in served:
+        field = (
+            "--model" if option == "--endpoint" else option
+        )  # another option: the model came from elsewhere
         raise InputError(
-            [
-                problem(
-                    None, "--model", f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})"
-                )
-            ]
+            [problem(None, field, f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")]
         )
     max_len = served[model].get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
         raise InputError(
-            [problem(None, "--endpoint", f"{base_url}/v1/models gives no max_model_len for {model!r}")]
+            [problem(None, option, f"{base_url}/v1/models gives no max_model_len for {model!r}")]
         )
     version = "unknown"
     try:
         v = await client.get(f"{base_url}/version", timeout=10.0)
         if v.status_code == 200:
-            version = str(v.json().get("version", "unknown"))
-    except (httpx.HTTPError, ValueError):
+            version = str(json_object(v).get("version", "unknown"))
+    except httpx.HTTPError:
         pass
     return Endpoint(base_url=base_url, model=model, max_model_len=max_len, vllm_version=version)
 
@@ -230,10 +265,12 @@ async def tokenize(client: httpx.AsyncClient, endpoint: Endpoint, text: str) -> 
         )
         if r.status_code != 200:
             return None
-        tokens = r.json().get("tokens")
-    except (httpx.HTTPError, ValueError):
+        tokens = json_object(r).get("tokens")
+    except httpx.HTTPError:
         return None
-    return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        return None
+    return [int(t) for t in tokens]
 
 
 def _failed(status: str, start_unix: float, t0: float, busy: float) -> Attempt:
@@ -269,7 +306,7 @@ async def stream_completion(
                 async for now, payloads in stream.reads():
                     IN_FLIGHT.heard(key)
                     for payload in payloads:
-                        event = json.loads(payload)
+                        event = stream_event(payload)
                         if "error" in event:
                             return _failed("stream_error", start_unix, t0, busy)
                         if event.get("choices"):
@@ -282,8 +319,8 @@ async def stream_completion(
         return _failed("timeout", start_unix, t0, busy)
     except httpx.ConnectError:
         return _failed("connect", start_unix, t0, busy)
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
-        return _failed("dropped", start_unix, t0, busy)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ValueError):
+        return _failed("dropped", start_unix, t0, busy)  # ValueError: an unreadable event
     finally:
         IN_FLIGHT.close(key)
     end = time.perf_counter()

@@ -94,7 +94,7 @@ def launched_server(
                 command, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
             )
         except OSError as e:
-            raise LaunchError(f"cannot start {python}: {e.strerror}") from None
+            raise LaunchError(f"--vllm-python: cannot start {python}: {e.strerror}") from None
     url = f"http://127.0.0.1:{port}"
     # A SIGTERM to this process must still stop the server (it runs in its own session, so it would
     # outlive us): turn it into an exception, which the `finally` below handles like any other.

@@ -79,13 +79,25 @@ async def _connect(client: httpx.AsyncClient, cfg: CalibrationConfig) -> tuple[E
     return endpoint, cache
 
 
-def _history(cfg: CalibrationConfig, csv_path: Path, endpoint: Endpoint) -> list[Measurement]:
-    if not csv_path.exists():
-        return []
-    if not cfg.resume:
+def check_out(out: Path, resume: bool) -> None:
+    """Before anything is measured or launched: a new calibration writes over no file (a profile, or
+    anything else given as --out), and `--resume` needs the measurements file it continues."""
+    csv_path = measurements_path(out)
+    if csv_path.is_dir():
+        raise InputError([problem(csv_path, None, "is a folder, where the measurements file goes")])
+    if resume and not csv_path.is_file():
+        why = "nothing to resume: no measurements file (drop --resume to start a calibration)"
+        raise InputError([problem(csv_path, None, why)])
+    if not resume and csv_path.exists():
         raise InputError(
             [problem(csv_path, None, "already exists: pass --resume to continue it, or remove it")]
         )
+    if not resume and out.exists():
+        raise InputError([problem(out, None, "already exists: give --out a new file, or remove it")])
+
+
+def _history(csv_path: Path, endpoint: Endpoint) -> list[Measurement]:
+    """The rows of the run resumed (none for a new one: `check_out` found no file), all of this model."""
     rows = read_measurements(csv_path)
     others = {r.model for r in rows} - {endpoint.model}
     if others:
@@ -119,7 +131,7 @@ async def _run_plan(
     console: Console,
 ) -> tuple[Runner, MetricsSampler, OverheadMonitor]:
     csv_path = measurements_path(cfg.out)
-    history = _history(cfg, csv_path, endpoint)
+    history = _history(csv_path, endpoint)
     pool = await tokenize(client, endpoint, SAMPLE_TEXT)
     if pool is None:
         console.print(
@@ -252,6 +264,7 @@ def build_profile(
 
 async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     """Run a whole calibration and write the profile; `InputError` for anything the user must fix."""
+    check_out(cfg.out, cfg.resume)
     limits = httpx.Limits(
         max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4
     )

@@ -14,15 +14,18 @@ from pathlib import Path
 import numpy as np
 
 from simadmit.config.loading import load_scenario
+from simadmit.config.resources import resolve_scenario
 from simadmit.workload.build import generate
+from simadmit.workload.check import check_workload
 
 QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9, 0.99)
 
 
 def workload_prompt_lengths(path: str | Path, quantiles: tuple[float, ...] = QUANTILES) -> tuple[int, ...]:
-    """Distinct quantiles of the prompt lengths of a scenario's requests (`InputError` for a bad scenario)."""
+    """Distinct quantiles of the prompt lengths of a scenario's requests (`InputError` for a bad scenario,
+    checked as `simulate` checks it: one too big to draw, or drawing no request, among others)."""
+    path = resolve_scenario(Path(path))  # a bundled scenario's name, as the other commands take it
     spec, _ = load_scenario(path)
+    check_workload(spec, path)
     prompts = generate(spec.workload).prompt
-    if len(prompts) == 0:
-        return ()
     return tuple(sorted({max(1, int(round(q))) for q in np.quantile(prompts, quantiles)}))

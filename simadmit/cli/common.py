@@ -41,6 +41,14 @@ def print_problems(problems: list[str]) -> None:
         err.print(Text.assemble(("error:", "red"), " ", line))
 
 
+def print_notes(notes: list[str]) -> None:
+    """One `note:` line per note on stderr, as written (no markup): what a run will do that the user may
+    not expect, such as trace rows it skips."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
+
+
 class App(typer.Typer):
     """The `simadmit` app: a mistake on the command line itself (an unknown option, a value out of range)
     is one `error:` line and exit code 2 like every other input error, not a framed panel."""

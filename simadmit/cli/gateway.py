@@ -70,7 +70,7 @@ def gateway(
         if profile:
             overrides |= profile_overrides(profile, [p.name for p in spec.pools])
             spec, base = load_scenario(path, overrides)
-        settings = serve_settings(spec, base, backend, policy)
+        settings = serve_settings(spec, base, backend, policy, path)
         listener = listen(host, port)
     except InputError as e:
         fail(e.problems)

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import gateway, replay, study
-from simadmit.cli.common import MAX_REPLICATIONS, App, LazyProgress, check_seed, fail, preflight
+from simadmit.cli.common import MAX_REPLICATIONS, App, LazyProgress, check_seed, fail, preflight, print_notes
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -73,8 +73,7 @@ def simulate(
     except InputError as e:
         fail(e.problems)
         return
-    for note in notes:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"note: {note}", markup=False)
+    print_notes(notes)
     progress = LazyProgress()
     started = time.monotonic()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -18,17 +19,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simadmit.cli.common import fail
+from simadmit.calibrate.client import normalize_base_url
+from simadmit.cli.common import check_seed, fail, preflight, print_notes, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.loadgen.plan import make_plan
-from simadmit.loadgen.run import ReplayConfig, replay
+from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
+from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
 from simadmit.loadgen.tables import write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
-from simadmit.results.compare_plots import write_cdfs
-from simadmit.results.run_folder import check_destination
+from simadmit.results.compare_plots import cdf_files
+from simadmit.results.run_folder import Writer, add_files, check_destination, write_text
 
 
 def _holds_a_run(out: Path) -> bool:
@@ -64,11 +67,20 @@ def replay_command(
     """Send the scenario's workload open-loop to a live endpoint at its scheduled times and record it as
     `simulate` records a run."""
     try:
-        spec, base = load_scenario(resolve_scenario(scenario), parse_assignments(set_))
+        check_seed(seed)
+        path = resolve_scenario(scenario)
+        spec, base = load_scenario(path, parse_assignments(set_))
         if spec.variants:
             raise InputError(
                 [problem(scenario, "variants", "replay sends one workload: remove the variants")]
             )
+        notes = preflight(spec, base, path, seed)  # as simulate checks it: its size, traces, warm-up
+        urls = [normalize_base_url(url) for url in endpoint]  # every URL before anything is written or sent
+        if twice := sorted({u for u in urls if urls.count(u) > 1}):
+            why = "given twice: each --endpoint stands for one gateway replica, its attempts in the gateway column"
+            raise InputError([problem(None, "--endpoint", f"{twice[0]} {why}")])
+        if server is not None:
+            normalize_base_url(server, "--server")
         if _holds_a_run(out):
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
         check_destination(out, replace=False)  # before sending anything: a run cannot be sent twice
@@ -76,6 +88,7 @@ def replay_command(
     except InputError as e:
         fail(e.problems)
         return
+    print_notes(notes)
     console = Console()
     if not console.is_terminal:  # files and pipes get whole lines
         console = Console(width=140)
@@ -93,11 +106,31 @@ def replay_command(
         where = out if repeat == 1 else out / f"repeat-{k}"
         try:
             run = replay(plan, cfg, random.Random())
+            facts = write_run(run, spec, base, where, label)
         except InputError as e:
             fail(e.problems)
             return
-        facts = write_run(run, spec, base, where, label)
+        except KeyboardInterrupt:
+            kept = f"; {', '.join(f'repeat-{j}' for j in range(1, k))} kept" if k > 1 else ""
+            Console(stderr=True, soft_wrap=True, highlight=False).print(
+                f"interrupted: {where} is not written (a run is kept only once every request has finished)"
+                + kept, markup=False,
+            )  # fmt: skip
+            raise typer.Exit(130) from None
         _print_facts(console, where, facts)
+        if failed := _unanswered(run):
+            reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())
+            print_problems([f"{where}: no request was answered ({reasons}): is {endpoint[0]} an OpenAI-compatible "
+                            "completions endpoint? the run is kept"])  # fmt: skip
+            raise typer.Exit(1)
+
+
+def _unanswered(run: ReplayRun) -> Counter[str]:
+    """The failures by status when no attempt got an answer (tokens, a 429, a 400 for length): a run of
+    nothing but failures measured a server that does not speak the completions API, not a latency."""
+    answered = {OK, REJECTED, TOO_LONG, ABANDONED}  # abandoning is the client's choice, not a failure
+    statuses = Counter(a.result.status for a in run.attempts)
+    return Counter() if statuses.keys() & answered else statuses
 
 
 def _print_facts(console: Console, where: Path, facts: dict) -> None:
@@ -141,22 +174,26 @@ def compare_command(
 ) -> None:
     """The fidelity report: per tier and measure, simulated vs real (mean and range over the real runs)."""
     try:
-        if warmup is not None and not 0 <= warmup < math.inf:
-            raise InputError([problem(None, "--warmup", f"must be 0 or more seconds, got {warmup}")])
         if out is not None:
+            if _holds_a_run(out):
+                raise InputError(
+                    [problem(out, None, "holds a run: give --out a folder of its own for the report")]
+                )
             check_destination(out, replace=False)
         reals = run_dirs(real_dirs)
         sim = _runs(sim_dir, policy)
         real_by_dir = [(d, _runs(d, None)) for d in reals]
         _same_request_list([(sim_dir, sim), *real_by_dir])
+        real = [r for _, runs in real_by_dir for r in runs]
+        source, given = None, warmup
         if warmup is None:
-            scenario = sim_dir / "scenario.yaml"
-            doc = read_yaml(scenario, "scenario") if scenario.is_file() else {}
+            source = sim_dir / "scenario.yaml"
+            doc = read_yaml(source, "scenario") if source.is_file() else {}
             workload = doc.get("workload") if isinstance(doc, dict) else None
-            warmup = float((workload if isinstance(workload, dict) else {}).get("warmup_s") or 0.0)
+            given = (workload if isinstance(workload, dict) else {}).get("warmup_s") or 0.0
+        warmup = _checked_warmup(given, [*sim, *real], source)
     except InputError as e:
         fail(e.problems)
-    real = [r for _, runs in real_by_dir for r in runs]
     table = compare(sim, real, warmup)
     console = Console() if Console().is_terminal else Console(width=160)
     shown = Table(
@@ -177,22 +214,28 @@ def compare_command(
     console.print(f"verdict: {'PASS' if ok else 'FAIL'} (E2E mean/p99 ±10%, TTFT mean ±15%, TTFT p99 ±20%, or "
                   "inside the real range where the real runs spread wider)")  # fmt: skip
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "compare.csv", index=False)
         doc = {"sim": str(sim_dir), "real": [str(d) for d in reals], "warmup_s": warmup, "pass": ok,
                "rows": json.loads(table.to_json(orient="records"))}  # fmt: skip
-        (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n")
+        text = json.dumps(doc, indent=2) + "\n"
         tiers = [*sorted(set(pd.concat([r.requests["tier"] for r in real + sim]))), "all"]
-        write_cdfs(sim, real, tiers, warmup, out)
+        files: dict[str, Writer] = {
+            "compare.csv": lambda p: table.to_csv(p, index=False),
+            "compare.json": lambda p: write_text(p, text),
+            **cdf_files(sim, real, tiers, warmup),
+        }
+        try:
+            add_files(out, files)
+        except InputError as e:
+            fail(e.problems)
         console.print(f"table and CDF plots in {out}/")
 
 
 def _runs(folder: Path, policy: str | None) -> list[Run]:
-    """`load_runs`, with a damaged or foreign `requests.parquet` as one line naming it."""
+    """`load_runs`, with a `requests.parquet` that is not a Parquet file as one line naming it."""
     try:
         return load_runs(folder, policy)
-    except (OSError, ValueError, KeyError) as e:  # pyarrow's "not a Parquet file" is a ValueError
-        why = f"no column {e}" if isinstance(e, KeyError) else str(e).split(". ")[0]
+    except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
+        why = str(e).split(". ")[0]
         raise InputError(
             [
                 problem(
@@ -202,26 +245,55 @@ def _runs(folder: Path, policy: str | None) -> list[Run]:
         ) from None
 
 
-def _same_request_list(folders: list[tuple[Path, list[Run]]]) -> None:
-    """Every run compared must have sent the same request list: the same number of requests per tier.
+def _checked_warmup(warmup: object, runs: list[Run], scenario: Path | None) -> float:
+    """The warm-up (`--warmup`, else the `scenario`'s): 0 or more seconds, short of some request of every run
+    (leaving them all out would make a report of empty measures)."""
+    field = "--warmup" if scenario is None else "workload.warmup_s"
+    if isinstance(warmup, bool) or not isinstance(warmup, int | float) or not 0 <= warmup < math.inf:
+        raise InputError([problem(scenario, field, f"must be 0 or more seconds, got {warmup!r}")])
+    for run in runs:
+        last = float(run.requests["arrival_s"].max())
+        if warmup > last:
+            raise InputError([problem(scenario, field, f"{warmup:g} s leaves out every request of {run.source} "
+                                      f"(the last arrives at {last:.1f} s)")])  # fmt: skip
+    return float(warmup)
 
-    A simulation of another scenario (or another seed) would otherwise be reported as a fidelity error.
+
+def _same_request_list(folders: list[tuple[Path, list[Run]]]) -> None:
+    """Every run compared must have sent the same request list: the same number of requests per tier and,
+    against a simulation of one seed, arrivals over the same span (within 5% and 50 ms: a real run's
+    requests leave a little late).
+
+    A simulation of another scenario (another seed, another rate) would otherwise be reported as a fidelity
+    error.
     """
     first_folder, first = folders[0]
-    want = _tier_counts(first[0])
+    want, want_span = _tier_counts(first[0]), _span(first[0])
     for folder, runs in folders:
         for run in runs:
+            where = run.source if folder != first_folder else first_folder
             if (got := _tier_counts(run)) != want:
-                raise InputError(
-                    [
-                        problem(
-                            run.source if folder != first_folder else first_folder,
-                            None,
-                            f"not the request list of {first[0].source} ({_shown(got)} vs {_shown(want)}): "
-                            "compare runs of one scenario and seed",
-                        )
-                    ]
-                )
+                raise _other_list(where, first[0], f"{_shown(got)} vs {_shown(want)}")
+            span = _span(run)
+            if len(first) == 1 and abs(span - want_span) > 0.05 * want_span + 0.05:
+                raise _other_list(where, first[0], f"arrivals over {span:.3g} s vs {want_span:.3g} s")
+
+
+def _other_list(where: str | Path, first: Run, how: str) -> InputError:
+    return InputError(
+        [
+            problem(
+                where,
+                None,
+                f"not the request list of {first.source} ({how}): compare runs of one scenario and seed",
+            )
+        ]
+    )
+
+
+def _span(run: Run) -> float:
+    arrivals = run.requests["arrival_s"]
+    return float(arrivals.max() - arrivals.min())
 
 
 def _tier_counts(run: Run) -> dict[str, int]:

@@ -5,7 +5,7 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import yaml
@@ -45,6 +45,25 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
     return lines
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges keys that may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # the base class reports it
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
@@ -53,7 +72,9 @@ def read_yaml(path: str | Path, what: str) -> object:
     if not path.is_file():
         raise InputError([problem(path, None, f"{what} file not found")])
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not content
+        return yaml.load(
+            path.read_text(encoding="utf-8-sig"), _UniqueKeyLoader
+        )  # a byte-order mark is not content
     except UnicodeDecodeError as e:
         raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
     except OSError as e:

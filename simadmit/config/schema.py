@@ -10,6 +10,7 @@ its `kind`), used wherever policies are told apart.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -37,6 +38,7 @@ from simadmit.config.workload_schema import (
 
 MAX_REPLICAS = 10_000  # a bigger fleet (or gateway tier) is a typo, and would not fit in memory
 MIN_PERIOD_S = 0.001  # shortest poll or sync period: shorter ones only multiply events
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP field name (RFC 9110's token)
 
 
 class ContinuousEngineSpec(Spec):
@@ -175,6 +177,21 @@ class GatewayHttpSpec(Spec):
         description="unavailable: a stale backend gets no work and its requests end with a 503; "
         "last_known: keep routing to it on its last metrics",
     )
+
+    @field_validator("tier_header", "deadline_header", "elapsed_header")
+    @classmethod
+    def _header_name(cls, v: str) -> str:
+        """A name a client can send: anything else would silently never match a request's headers."""
+        if not HEADER_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not an HTTP header name (letters, digits and -, no spaces or colons)")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_headers(self) -> GatewayHttpSpec:
+        names = [self.tier_header.lower(), self.deadline_header.lower(), self.elapsed_header.lower()]
+        if len(set(names)) < len(names):
+            raise ValueError("tier_header, deadline_header and elapsed_header must be different headers")
+        return self
 
 
 class GatewaySpec(Spec):

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -75,7 +75,13 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http, httpx.AsyncClient() as side:
         endpoint = await discover(side, normalize_base_url(cfg.endpoint), cfg.model)
-        behind = replace(endpoint, base_url=normalize_base_url(cfg.server)) if cfg.server else endpoint
+        for more in cfg.more_endpoints:  # each must answer and serve the model before anything is sent
+            await discover(side, normalize_base_url(more), endpoint.model)
+        behind = endpoint
+        if cfg.server:  # it must answer too: its /metrics and /tokenize would otherwise be lost silently
+            behind = await discover(
+                side, normalize_base_url(cfg.server, "--server"), endpoint.model, "--server"
+            )
         ids = await tokenize(side, endpoint, SAMPLE_TEXT)
         if ids is None and behind is not endpoint:
             ids = await tokenize(side, behind, SAMPLE_TEXT)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from simadmit.calibrate.client import EventStream, completion_body
+from simadmit.calibrate.client import EventStream, completion_body, stream_event
 from simadmit.config.defaults import RETRY_ELAPSED_HEADER
 
 # what an attempt came to; "ok" and "rejected" are answers, the rest are failures
@@ -129,7 +129,7 @@ async def send(
                         # parse only the lines that matter: the first token's, the usage, an error
                         if first == first and b'"prompt_tokens"' not in payload and b'"error"' not in payload:
                             continue
-                        event = json.loads(payload)
+                        event = stream_event(payload)
                         if "error" in event:
                             return result("dropped", "stream_error")
                         if first != first and event.get("choices"):
@@ -145,8 +145,8 @@ async def send(
         return result("timeout")
     except httpx.ConnectError:
         return result("connect")
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, json.JSONDecodeError):
-        return result("dropped")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ValueError):
+        return result("dropped")  # ValueError: an unreadable event
     if not done or usage is None or first != first:
         return result("dropped")
     return result(OK, "admitted")

@@ -27,6 +27,7 @@ from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import ScenarioSpec
 from simadmit.loadgen.run import ReplayRun
 from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
+from simadmit.results.run_folder import add_files, write_text
 
 # outcome of a request from its last attempt's status; anything else is a failure the server caused
 _OUTCOME = {OK: "completed", REJECTED: "rejected", TOO_LONG: "too_long", ABANDONED: "abandoned"}
@@ -202,11 +203,9 @@ def replayed_scenario(spec: ScenarioSpec, base: Path, trace: Path) -> dict[str, 
 
 
 def write_run(run: ReplayRun, spec: ScenarioSpec, base: Path, out: Path, label: str) -> dict[str, object]:
-    """Write the run's files into `out` (which must not hold a run already) and return its facts."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the run's files into `out` (which must not hold a run already) and return its facts; all of them
+    or none (`add_files`), `requests.parquet` last, so a failed write never leaves what looks like a run."""
     req = requests_table(run, label)
-    req.to_parquet(out / "requests.parquet", index=False)
-    timeseries_table(run, label).to_parquet(out / "timeseries.parquet", index=False)
     first = req[req["attempt"] == 1]
     sent = pd.DataFrame(
         {
@@ -216,9 +215,17 @@ def write_run(run: ReplayRun, spec: ScenarioSpec, base: Path, out: Path, label: 
             "tier": first["tier"].astype(str).to_numpy(),
         }
     )
-    sent.to_csv(out / "sent.csv", index=False, float_format="%.6f")
-    doc = replayed_scenario(spec, base, out / "sent.csv")
-    (out / "replayed.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    replayed = yaml.safe_dump(replayed_scenario(spec, base, out / "sent.csv"), sort_keys=False)
     facts = run_facts(run, req)
-    (out / "replay.json").write_text(json.dumps(facts, indent=2, allow_nan=True) + "\n")
+    facts_text = json.dumps(facts, indent=2, allow_nan=True) + "\n"
+    add_files(
+        out,
+        {
+            "timeseries.parquet": lambda p: timeseries_table(run, label).to_parquet(p, index=False),
+            "sent.csv": lambda p: sent.to_csv(p, index=False, float_format="%.6f"),
+            "replayed.yaml": lambda p: write_text(p, replayed),
+            "replay.json": lambda p: write_text(p, facts_text),
+            "requests.parquet": lambda p: req.to_parquet(p, index=False),
+        },
+    )
     return facts

@@ -47,6 +47,10 @@ MEASURES = (
     + OTHER
 )
 TARGETS = {"e2e_mean_s": 0.10, "e2e_p99_s": 0.10, "ttft_mean_s": 0.15, "ttft_p99_s": 0.20}
+# the columns of a requests table that `compare` reads, and which of them hold numbers
+NUMERIC = ("seed", "request_id", "attempt", "arrival_s", "output_tokens", "first_token_s", "finish_s", "ttft_s",
+           "e2e_s", "queue_wait_s")  # fmt: skip
+COLUMNS = ("policy", "tier", "decision", "outcome", *NUMERIC)
 
 
 @dataclass(frozen=True)
@@ -100,11 +104,15 @@ def request_rows(attempts: pd.DataFrame) -> pd.DataFrame:
 def load_runs(folder: Path, policy: str | None) -> list[Run]:
     """The runs in a `simulate` or `replay` folder: one per seed of the chosen policy."""
     path = folder / "requests.parquet"
+    if not folder.is_dir():
+        why = "is a file, not a folder" if folder.exists() else "folder not found"
+        raise InputError([problem(folder, None, f"{why} (give a simulate or replay --out folder)")])
     if not path.is_file():
         raise InputError(
             [problem(folder, None, "no requests.parquet here (not a simulate or replay folder)")]
         )
     table = pd.read_parquet(path)
+    _check_table(path, table)
     policies = sorted(table["policy"].astype(str).unique())
     if policy is None:
         if len(policies) > 1:
@@ -119,6 +127,21 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
         Run(f"{folder} seed {seed}" if table["seed"].nunique() > 1 else str(folder), request_rows(group))
         for seed, group in table.groupby("seed")
     ]
+
+
+def _check_table(path: Path, table: pd.DataFrame) -> None:
+    """`InputError` for a table `compare` cannot measure: a column missing or not numbers, no rows, or a
+    request without an arrival time."""
+    if missing := [c for c in COLUMNS if c not in table.columns]:
+        why = f"no column {missing[0]!r}"
+        raise InputError([problem(path, None, f"not a requests table of simulate or replay ({why})")])
+    for col in NUMERIC:
+        if not pd.api.types.is_numeric_dtype(table[col]):
+            raise InputError([problem(path, col, f"holds {table[col].dtype} values, not numbers")])
+    if table.empty:
+        raise InputError([problem(path, None, "holds no requests")])
+    if unknown := int(table["arrival_s"].isna().sum()):
+        raise InputError([problem(path, "arrival_s", f"{unknown} rows have no arrival time")])
 
 
 def measured(run: Run, tier: str, warmup_s: float) -> Measured:

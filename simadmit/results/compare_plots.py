@@ -8,6 +8,7 @@ of 1. Inter-token latency exists only for completed requests. Built without pypl
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from simadmit.results.compare import LATENCIES, Run
+from simadmit.results.run_folder import Writer
 
 _TITLES = {"ttft": "TTFT", "itl": "inter-token latency", "e2e": "E2E"}
 
@@ -53,12 +55,19 @@ def cdf_figure(sim: list[Run], real: list[Run], tier: str, warmup_s: float) -> F
     return fig
 
 
+def cdf_files(sim: list[Run], real: list[Run], tiers: list[str], warmup_s: float) -> dict[str, Writer]:
+    """A writer of `cdf_<tier>.png` per tier, by file name (for `run_folder.add_files`)."""
+    return {f"cdf_{tier}.png": functools.partial(_save_cdf, sim, real, tier, warmup_s) for tier in tiers}
+
+
 def write_cdfs(sim: list[Run], real: list[Run], tiers: list[str], warmup_s: float, out: Path) -> list[Path]:
     """`cdf_<tier>.png` per tier in `out`; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for tier in tiers:
-        path = out / f"cdf_{tier}.png"
-        cdf_figure(sim, real, tier, warmup_s).savefig(path, dpi=110)
-        paths.append(path)
-    return paths
+    files = cdf_files(sim, real, tiers, warmup_s)
+    for name, write in files.items():
+        write(out / name)
+    return [out / name for name in files]
+
+
+def _save_cdf(sim: list[Run], real: list[Run], tier: str, warmup_s: float, path: Path) -> None:
+    cdf_figure(sim, real, tier, warmup_s).savefig(path, dpi=110)

@@ -80,6 +80,26 @@ def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, obj
         raise
 
 
+def add_files(out: Path, files: Mapping[str, Writer]) -> None:
+    """Write `files` into a temporary folder beside `out`, then move them into `out` in their order (other
+    files there are left alone); a write that fails moves nothing in, as an `InputError` naming `out`."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    except OSError as e:
+        raise _failed(out, e) from None
+    try:
+        for name, write in files.items():
+            write(tmp / name)
+        out.mkdir(exist_ok=True)
+        for name in files:
+            os.replace(tmp / name, out / name)
+    except OSError as e:
+        raise _failed(out, e) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:
     """Replace `files` inside `out` one by one (each atomically), removing the old manifest first and
     writing the new one last, so the folder never looks complete while its files disagree."""
@@ -116,7 +136,7 @@ def read_manifest(directory: Path) -> dict[str, object]:
 def _write_manifest(folder: Path, names: list[str], manifest: dict[str, object]) -> None:
     doc = {**manifest, "files": {n: (folder / n).stat().st_size for n in names}}
     text = json.dumps(doc, indent=2, allow_nan=True) + "\n"
-    _replace(folder / MANIFEST, lambda p: _write_text(p, text))
+    _replace(folder / MANIFEST, lambda p: write_text(p, text))
 
 
 def _replace(path: Path, write: Writer) -> None:
@@ -148,5 +168,6 @@ def _failed(out: Path, e: OSError, note: str = "the folder is as it was") -> Inp
     return InputError([problem(out, None, f"could not write the outputs ({e.strerror or e}); {note}")])
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
+    """A `Writer` of `text`, once `text` is bound (`Path.write_text` returns a count, a `Writer` nothing)."""
     path.write_text(text)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simadmit.config.errors import InputError
+from simadmit.config.errors import InputError, problem
 from simadmit.serve.inbound import CHAT, OpenAIRequest
 
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -28,21 +28,20 @@ def _text(content: Any) -> str:
 
 
 class LocalTokenizer:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, scenario: str | Path | None = None) -> None:
+        """The tokenizer.json at `path`; its problems name the `scenario` file and its field."""
+        field = "gateway.http.tokenizer"
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise InputError(
-                [
-                    "gateway.http.tokenizer: counting tokens locally needs the tokenizers package (pip install tokenizers)"
-                ]
-            ) from None
+            why = "counting tokens locally needs the tokenizers package (pip install tokenizers)"
+            raise InputError([problem(scenario, field, why)]) from None
         if not path.is_file():
-            raise InputError([f"gateway.http.tokenizer: {path}: file not found"])
+            raise InputError([problem(scenario, field, f"{path}: file not found")])
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception for a malformed file
-            raise InputError([f"gateway.http.tokenizer: {path}: not a tokenizer.json ({e})"]) from None
+            raise InputError([problem(scenario, field, f"{path}: not a tokenizer.json ({e})")]) from None
 
     def count(self, req: OpenAIRequest) -> int:
         if req.route == CHAT:

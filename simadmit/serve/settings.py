@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simadmit.admission.policies import AdmissionPolicy
+from simadmit.calibrate.client import normalize_base_url
 from simadmit.config.errors import InputError
 from simadmit.config.schema import (
     GatewayHttpSpec,
@@ -21,6 +22,7 @@ from simadmit.config.schema import (
     policy_name,
 )
 from simadmit.serve.counting import LocalTokenizer
+from simadmit.serve.discovery import DNS_PREFIX
 from simadmit.sim.world import World, build_policies, build_world
 
 DEFAULT_MAX_TOKENS = 512  # a request without max_tokens, of a tier that names none in the scenario
@@ -58,6 +60,7 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
     """Each pool's backend URLs from `URL` (a single pool) or `POOL=URL` arguments."""
     pools = [p.name for p in spec.pools]
     found: dict[str, list[str]] = {name: [] for name in pools}
+    named = set()  # pools some argument names, even a bad one: that argument's problem is the one to tell
     problems = []
     for arg in backends:
         name, sep, url = arg.partition("=")
@@ -66,19 +69,31 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
             if len(pools) > 1:
                 problems.append(f"--backend {arg}: the scenario has several pools, write POOL=URL")
                 continue
+        named.add(name)
         if name not in found:
             problems.append(f"--backend {arg}: no pool named {name!r} (pools: {', '.join(pools)})")
         elif not url.startswith(("http://", "https://", "dns+http://", "dns+https://")):
             problems.append(f"--backend {arg}: the URL must start with http://, https:// or dns+http://")
         else:
+            try:
+                normalize_base_url(url.removeprefix(DNS_PREFIX), "--backend")  # a host, a port in range
+            except InputError as e:
+                problems += e.problems
+                continue
+            if any(url.rstrip("/") in urls for urls in found.values()):  # one server counted as two replicas
+                problems.append(f"--backend {arg}: that backend is already given")
+                continue
             found[name].append(url.rstrip("/"))
-    problems += [f"--backend: pool {n!r} has no backend" for n, urls in found.items() if not urls]
+    problems += [f"--backend: pool {n!r} has no backend" for n in pools if n not in named]
     if problems:
         raise InputError(problems)
     return tuple(tuple(found[n]) for n in pools)
 
 
-def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None) -> ServeSettings:
+def serve_settings(
+    spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, source: Path | None = None
+) -> ServeSettings:
+    """What the gateway runs, from the scenario (`source`, named in its problems) and the command line."""
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     http = spec.gateway.http
@@ -90,5 +105,5 @@ def serve_settings(spec: ScenarioSpec, base: Path, backends: list[str], policy: 
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
         default_tier=http.default_tier or spec.workload.tiers[0].name,
-        tokenizer=LocalTokenizer(base / http.tokenizer) if http.tokenizer else None,
+        tokenizer=LocalTokenizer(base / http.tokenizer, source) if http.tokenizer else None,
     )

@@ -72,9 +72,8 @@ def read_yaml(path: str | Path, what: str) -> object:
     if not path.is_file():
         raise InputError([problem(path, None, f"{what} file not found")])
     try:
-        return yaml.load(
-            path.read_text(encoding="utf-8-sig"), _UniqueKeyLoader
-        )  # a byte-order mark is not content
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
+        return yaml.load(text, _UniqueKeyLoader)  # a SafeLoader refusing a key given twice
     except UnicodeDecodeError as e:
         raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
     except OSError as e:

@@ -63,11 +63,7 @@ def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, obj
     On any failure the temporary folder is removed and `out` is left as it was; an `OSError` becomes an
     `InputError` naming the folder.
     """
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
-    except OSError as e:
-        raise _failed(out, e) from None
+    tmp = _scratch(out)
     try:
         for name, write in files.items():
             write(tmp / name)
@@ -83,11 +79,7 @@ def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, obj
 def add_files(out: Path, files: Mapping[str, Writer]) -> None:
     """Write `files` into a temporary folder beside `out`, then move them into `out` in their order (other
     files there are left alone); a write that fails moves nothing in, as an `InputError` naming `out`."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
-    except OSError as e:
-        raise _failed(out, e) from None
+    tmp = _scratch(out)
     try:
         for name, write in files.items():
             write(tmp / name)
@@ -98,6 +90,15 @@ def add_files(out: Path, files: Mapping[str, Writer]) -> None:
         raise _failed(out, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _scratch(out: Path) -> Path:
+    """A new temporary folder beside `out` (same file system, so its files move in atomically)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    except OSError as e:
+        raise _failed(out, e) from None
 
 
 def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:

@@ -79,6 +79,7 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
             "decision": np.where(admitted, "admit", "reject"),
             "reason": att["reason"],
             "retry_after_s": att["retry_after_s"],
+            "predicted_wait_s": att["predicted_wait_s"],
             "admit_s": np.where(admitted, att["answered_s"], np.nan),
             "scheduled_s": nan,
             "first_token_s": np.where(admitted, att["first_token_s"], np.nan),
@@ -95,7 +96,6 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
             "scheduled_send_s": att["scheduled_send_s"],
             "send_lag_s": att["attempt_s"] - att["scheduled_send_s"],
             "status": att["status"],
-            "predicted_wait_s": att["predicted_wait_s"],
         }
     )
     ok = completed & admitted

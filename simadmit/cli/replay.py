@@ -27,8 +27,7 @@ from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.loadgen.plan import make_plan
 from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
-from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
-from simadmit.loadgen.tables import write_run
+from simadmit.loadgen.tables import OUTCOME, write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
 from simadmit.results.compare_plots import cdf_files
 from simadmit.results.run_folder import Writer, add_files, check_destination, write_text
@@ -128,9 +127,8 @@ def replay_command(
 def _unanswered(run: ReplayRun) -> Counter[str]:
     """The failures by status when no attempt got an answer (tokens, a 429, a 400 for length): a run of
     nothing but failures measured a server that does not speak the completions API, not a latency."""
-    answered = {OK, REJECTED, TOO_LONG, ABANDONED}  # abandoning is the client's choice, not a failure
     statuses = Counter(a.result.status for a in run.attempts)
-    return Counter() if statuses.keys() & answered else statuses
+    return Counter() if statuses.keys() & OUTCOME.keys() else statuses  # abandoning is no failure either
 
 
 def _print_facts(console: Console, where: Path, facts: dict) -> None:

@@ -29,8 +29,8 @@ from simadmit.loadgen.run import ReplayRun
 from simadmit.loadgen.sender import ABANDONED, OK, REJECTED, TOO_LONG
 from simadmit.results.run_folder import add_files, write_text
 
-# outcome of a request from its last attempt's status; anything else is a failure the server caused
-_OUTCOME = {OK: "completed", REJECTED: "rejected", TOO_LONG: "too_long", ABANDONED: "abandoned"}
+# outcome of a request from its last attempt's status; any other status is a failure the server caused
+OUTCOME = {OK: "completed", REJECTED: "rejected", TOO_LONG: "too_long", ABANDONED: "abandoned"}
 KEPT_UP_FRACTION = 0.25  # send-lag p99 must stay under this share of a decode step
 
 
@@ -57,7 +57,7 @@ def requests_table(run: ReplayRun, label: str) -> pd.DataFrame:
     rid = att["request_id"].to_numpy()
     last = att.groupby("request_id")["attempt"].transform("max").to_numpy() == att["attempt"].to_numpy()
     outcome_of = dict(
-        zip(rid[last], att["status"][last].map(lambda s: _OUTCOME.get(s, "aborted")), strict=True)
+        zip(rid[last], att["status"][last].map(lambda s: OUTCOME.get(s, "aborted")), strict=True)
     )
     arrival = att[att["attempt"] == 1].set_index("request_id")["attempt_s"]
     admitted = ~att["status"].isin([REJECTED, TOO_LONG])

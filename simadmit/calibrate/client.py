@@ -234,9 +234,7 @@ async def discover(
     if model is None:
         model = next(iter(served))
     elif model not in served:
-        field = (
-            "--model" if option == "--endpoint" else option
-        )  # another option: the model came from elsewhere
+        field = "--model" if option == "--endpoint" else option  # else the model came from another endpoint
         raise InputError(
             [problem(None, field, f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")]
         )

@@ -100,9 +100,10 @@ def test_simulate_keeps_the_finished_runs_marked_partial(tmp_path: Path) -> None
     assert "holds an interrupted run" in plotted.stderr
 
 
-def test_replay_interrupted_says_what_it_did_not_write(tmp_path: Path) -> None:
-    """A replay is kept only whole: Ctrl-C mid-run is one line saying its folder is not written, exit 130,
-    and no folder that looks like a run (the trace's skipped row makes a note to wait for)."""
+def test_replay_interrupted_keeps_what_ended_marked_incomplete(tmp_path: Path) -> None:
+    """Ctrl-C mid-replay keeps the requests that had ended (measured data is never thrown away), says so in
+    one line, exits 130; the folder says it is incomplete, `compare` refuses it and `replay` will not add a
+    run to it (the trace's skipped row makes a note to wait for)."""
     rows = "".join(f"2023-11-16 18:15:{10 + 0.1 * i:06.3f},50,4\n" for i in range(100))
     (tmp_path / "trace.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "bad,1,1\n")
     doc = scenario_doc()
@@ -114,10 +115,23 @@ def test_replay_interrupted_says_what_it_did_not_write(tmp_path: Path) -> None:
         args = ["replay", str(tmp_path / "s.yaml"), "--endpoint", server.url, "--out", str(out)]
         code, output, _ = _interrupt_when(args, re.compile(r"^note: "), wait_s=2.0)
         sent = server.completions
+        again = subprocess.run([*command(), *args], capture_output=True, text=True, env=env(), check=False)
     assert code == 130, output
     assert "Traceback" not in output and 0 < sent < 100
-    assert f"interrupted: {out} is not written (a run is kept only once every request has finished)" in output
-    assert not out.exists()
+    facts = json.loads((out / "replay.json").read_text())
+    assert facts["complete"] is False and facts["requests_planned"] == 100
+    kept = pd.read_parquet(out / "requests.parquet")
+    assert 0 < kept["request_id"].nunique() == facts["requests"] <= sent
+    assert (kept["outcome"] == "completed").all() and kept["finish_s"].notna().all()  # only what had ended
+    said = f"interrupted: the {facts['requests']} of 100 requests that had ended are kept in {out}, marked incomplete"
+    assert said in output
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    compared = subprocess.run(
+        [*command(), "compare", str(out), str(out)], capture_output=True, text=True, env=env(), check=False
+    )
+    assert compared.returncode == 2, compared.stderr
+    assert compared.stderr.count("\n") == 1 and "an interrupted replay" in compared.stderr
+    assert "replay.json" in compared.stderr
 
 
 def test_sweep_stops_promptly_and_resumes(tmp_path: Path) -> None:

@@ -103,25 +103,34 @@ def replay_command(
     )
     for k in range(1, repeat + 1):
         where = out if repeat == 1 else out / f"repeat-{k}"
+        kept = f"; {', '.join(f'repeat-{j}' for j in range(1, k))} kept" if k > 1 else ""
         try:
             run = replay(plan, cfg, random.Random())
+            if run.interrupted and not run.attempts:
+                raise KeyboardInterrupt
             facts = write_run(run, spec, base, where, label)
         except InputError as e:
             fail(e.problems)
             return
         except KeyboardInterrupt:
-            kept = f"; {', '.join(f'repeat-{j}' for j in range(1, k))} kept" if k > 1 else ""
-            Console(stderr=True, soft_wrap=True, highlight=False).print(
-                f"interrupted: {where} is not written (a run is kept only once every request has finished)"
-                + kept, markup=False,
-            )  # fmt: skip
+            _say_interrupted(f"{where} is not written{kept}")
             raise typer.Exit(130) from None
+        if run.interrupted:
+            _say_interrupted(
+                f"the {facts['requests']} of {facts['requests_planned']} requests that had ended are kept in "
+                f"{where}, marked incomplete (compare refuses it){kept}"
+            )
+            raise typer.Exit(130)
         _print_facts(console, where, facts)
         if failed := _unanswered(run):
             reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())
             print_problems([f"{where}: no request was answered ({reasons}): is {endpoint[0]} an OpenAI-compatible "
                             "completions endpoint? the run is kept"])  # fmt: skip
             raise typer.Exit(1)
+
+
+def _say_interrupted(what: str) -> None:
+    Console(stderr=True, soft_wrap=True, highlight=False).print(f"interrupted: {what}", markup=False)
 
 
 def _unanswered(run: ReplayRun) -> Counter[str]:

@@ -62,6 +62,7 @@ class ReplayRun:
     overhead: dict[str, float]
     started_unix_s: float
     wall_s: float
+    interrupted: bool = False  # Ctrl-C stopped it: only the requests that had ended are here
 
 
 def _shift(r: AttemptResult, t0: float) -> AttemptResult:
@@ -95,6 +96,7 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
         scheduled = plan.scheduled_s.tolist()
         deadline = plan.workload.deadline.tolist()
         records: list[AttemptRecord] = []
+        ended: set[int] = set()
 
         async def request(rid: int) -> None:
             planned, tries = t0 + scheduled[rid], 0
@@ -118,26 +120,44 @@ async def replay_async(plan: Plan, cfg: ReplayConfig, rng: random.Random) -> Rep
                 planned = r.answered + wait
                 await asyncio.sleep(max(0.0, planned - loop.time()))
             client.forget(rid)
+            ended.add(rid)
 
         poller = MetricsPoller(side, behind.base_url, t0, cfg.metrics_interval_s)
         monitor = OverheadMonitor()
         monitor.start()
         polling = asyncio.create_task(poller.run())
-        tasks = []
-        for rid in range(n):  # the dispatcher: nothing here waits for an answer
-            wait = t0 + scheduled[rid] - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(request(rid)))
-        await asyncio.gather(*tasks)
+        tasks: list[asyncio.Task[None]] = []
+        interrupted = False
+        try:
+            for rid in range(n):  # the dispatcher: nothing here waits for an answer
+                wait = t0 + scheduled[rid] - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(request(rid)))
+            await asyncio.gather(*tasks)
+        except asyncio.CancelledError:  # Ctrl-C: keep the requests that had ended, drop those still open
+            interrupted = True
+            _stop_interrupted(tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            records = [a for a in records if a.request_id in ended]
         wall = loop.time() - t0
         await monitor.stop()
         await cancel(polling)
         await poller.poll()  # the counters once everything has finished
     records.sort(key=lambda a: (a.request_id, a.attempt))
     return ReplayRun(
-        plan, endpoint, records, poller.rows, poller.failed, monitor.report(), started_unix, wall
+        plan, endpoint, records, poller.rows, poller.failed, monitor.report(), started_unix, wall, interrupted
     )
+
+
+def _stop_interrupted(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the requests still open, and let the run itself go on to close its books: `asyncio.run` then
+    returns the partial run instead of raising KeyboardInterrupt (a second Ctrl-C still raises it)."""
+    for task in tasks:
+        task.cancel()
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
 
 
 def replay(plan: Plan, cfg: ReplayConfig, rng: random.Random | None = None) -> ReplayRun:

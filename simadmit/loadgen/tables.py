@@ -8,7 +8,8 @@
   gateway's estimate; queue wait comes from the server's histogram instead (`replay.json`).
 - `timeseries.parquet`: one row per `/metrics` poll, with the client's attempts, admits and rejects since
   the previous poll.
-- `replay.json`: the run's facts and the load client's own figures: send lag, CPU share, whether it kept up.
+- `replay.json`: the run's facts and the load client's own figures: send lag, CPU share, whether it kept up;
+  `complete` is false for a run Ctrl-C stopped, which keeps the requests that had ended (`compare` refuses it).
 - `sent.csv` + `replayed.yaml`: the requests as sent (actual send times) as a trace, and the scenario
   replaying that trace, so `simulate replayed.yaml` runs exactly the requests the endpoint saw.
 """
@@ -155,6 +156,8 @@ def run_facts(run: ReplayRun, req: pd.DataFrame) -> dict[str, object]:
         "started_unix_s": run.started_unix_s,
         "wall_s": run.wall_s,
         "requests": len(first),
+        "complete": not run.interrupted,  # False: Ctrl-C stopped it; only the requests that had ended are here
+        "requests_planned": len(run.plan.workload),
         "attempts": len(req),
         "outcomes": {str(k): int(v) for k, v in outcomes.items() if v},
         "warmup_s": run.plan.warmup_s,

@@ -22,6 +22,7 @@ the simulation does not record the step boundaries that would restate its wait v
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,7 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
         raise InputError(
             [problem(folder, None, "no requests.parquet here (not a simulate or replay folder)")]
         )
+    _check_whole(folder / "replay.json")
     table = pd.read_parquet(path)
     _check_table(path, table)
     policies = sorted(table["policy"].astype(str).unique())
@@ -127,6 +129,18 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
         Run(f"{folder} seed {seed}" if table["seed"].nunique() > 1 else str(folder), request_rows(group))
         for seed, group in table.groupby("seed")
     ]
+
+
+def _check_whole(facts: Path) -> None:
+    """`InputError` for a replay Ctrl-C stopped: its requests are the ones that ended first, not the run's."""
+    try:
+        run = json.loads(facts.read_text())
+    except (OSError, ValueError):
+        return  # no facts (a simulate folder) or unreadable ones: the table is checked on its own
+    if isinstance(run, dict) and run.get("complete") is False:
+        ended, planned = run.get("requests", "?"), run.get("requests_planned", "?")
+        why = f"an interrupted replay ({ended} of {planned} requests had ended): compare needs whole runs"
+        raise InputError([problem(facts, "complete", why)])
 
 
 def _check_table(path: Path, table: pd.DataFrame) -> None:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from simadmit.calibrate.fit import fit_step_model, fit_warnings, observations  # noqa: E402
 from simadmit.calibrate.measurements import read_measurements  # noqa: E402
+from simadmit.calibrate.run import api_latency_s  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.config.profile import load_profile, save_profile, summary_figures  # noqa: E402
@@ -155,7 +156,9 @@ def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> float:
     from simadmit.config.profile import load_profile, solo_service_s
 
     prof = load_profile(profile)
-    predicted = solo_service_s(prof.step_time, prof.engine.max_num_batched_tokens, *PROBE)
+    predicted = (
+        solo_service_s(prof.step_time, prof.engine.max_num_batched_tokens, *PROBE) + prof.api_latency_s
+    )
     doc = scenario(profile, 1.0, "poisson", 1.0)
     tier = doc["workload"]["tiers"][0] | {"max_tokens": PROBE[1], "prompt_tokens": {"kind": "fixed", "value": PROBE[0]},
                                          "output_tokens": {"kind": "fixed", "value": PROBE[1]}}  # fmt: skip
@@ -255,6 +258,7 @@ def refit(out: Path) -> Path:
     refitted = replace(
         profile,
         step_time=fit.step,
+        api_latency_s=api_latency_s(fit),
         prefill_tokens_per_gpu_s=round(prefill, 2),
         decode_tokens_per_gpu_s=round(decode, 2),
         fit={**profile.fit, **fit.report()},

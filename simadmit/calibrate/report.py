@@ -24,7 +24,7 @@ def print_calibration(result: Calibration, console: Console) -> None:
             "ns / (prompt token, context token)",
         ),
         ("weights_read_s (least linear-layer time)", p.step_time.weights_read_s * 1e3, "ms / step"),
-        ("ttft_offset_s (not part of the profile)", fit.ttft_offset_s * 1e3, "ms / request"),
+        ("api_latency_s (outside the engine: the fit's TTFT offset)", p.api_latency_s * 1e3, "ms / request"),
     ):
         coefficients.add_row(name, f"{value:.4g} {unit}")
     console.print(coefficients)

@@ -232,6 +232,11 @@ def _measured_figures(rows: list[Measurement], cells: list[Cell], gpus: int) -> 
     }
 
 
+def api_latency_s(fit: FitResult) -> float:
+    """The latency outside the engine a profile carries: the fit's TTFT offset, which no server has below zero."""
+    return float(f"{max(0.0, fit.ttft_offset_s):.4g}")
+
+
 def build_profile(
     cfg: CalibrationConfig,
     endpoint: Endpoint,
@@ -255,6 +260,7 @@ def build_profile(
         gpus_per_replica=cfg.gpus,
         tensor_parallel=cfg.gpus,
         kv_block_size=cache.block_size,
+        api_latency_s=api_latency_s(fit),
         source=f"measured by simadmit calibrate at {endpoint.base_url} (vLLM {endpoint.vllm_version}) on {today}",
         fit={**fit.report(), **extra_fit},
         warnings=tuple(warnings),

@@ -11,7 +11,9 @@ a roofline per part: the linear layers of a step that carries few tokens are bou
 from memory (`weights_read_s`), of one that carries many by their arithmetic; attention (reading the KV cache
 in decode, the quadratic pairs in prefill) adds to either. The summary figures (prefill and decode tokens per
 GPU-second) feed the admission `CostEstimator`. What one request costs alone on an idle replica is
-`solo_service_s`, the one place that prices it.
+`solo_service_s`, the one place that prices it. `api_latency_s` is what a request spends outside the engine
+(the API server taking it in, its tokens' way out): it lengthens every TTFT and end-to-end latency a client
+sees and takes no engine time.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ class _ProfileFile(BaseModel):
     step_time: _StepTimeModel
     kv_capacity_tokens: int = Field(gt=0, description="KV-cache capacity of one replica, in tokens")
     kv_block_size: int = Field(default=16, gt=0)
+    api_latency_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds a request spends outside the engine (API server in and out): added to what a "
+        "client sees of its TTFT and end-to-end latency, no engine time",
+    )
     engine: _EngineLimits
     summary: _Summary
     fit: dict[str, object] = Field(default_factory=dict, description="fit quality reported by calibrate")
@@ -168,6 +176,7 @@ class Profile:
     gpus_per_replica: int = 1
     tensor_parallel: int = 1
     kv_block_size: int = 16
+    api_latency_s: float = 0.0
     source: str = ""
     fit: dict[str, object] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -184,6 +193,7 @@ class Profile:
             "step_time": d["step_time"],
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "kv_block_size": self.kv_block_size,
+            "api_latency_s": self.api_latency_s,
             "engine": d["engine"],
             "summary": {
                 "prefill_tokens_per_gpu_s": self.prefill_tokens_per_gpu_s,
@@ -238,6 +248,7 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
         gpus_per_replica=p.gpus_per_replica,
         tensor_parallel=p.tensor_parallel,
         kv_block_size=p.kv_block_size,
+        api_latency_s=p.api_latency_s,
         source=p.source,
         fit=dict(p.fit),
         warnings=tuple(p.warnings),

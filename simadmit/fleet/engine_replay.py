@@ -56,10 +56,11 @@ def replay_on_profile(
     arrival = np.asarray(arrival_s, dtype=float)
     out = np.asarray(output_tokens)
     decode_tokens = np.where(out > 1, out - 1, np.nan)
+    seen = profile.api_latency_s  # the API server's way in and out, beyond the engine's times
     return pd.DataFrame(
         {
-            "ttft_s": times.first - arrival,
-            "e2e_s": times.finish - arrival,
+            "ttft_s": times.first + seen - arrival,
+            "e2e_s": times.finish + seen - arrival,
             "itl_s": (times.finish - times.first) / decode_tokens,
         }
     )

@@ -114,6 +114,7 @@ class Simulation(RequestListener):
                     CostEstimator.from_profile(cfg.gateway_profile), cfg.priorities,
                 )
             )  # fmt: skip
+        self.api_latency = [cfg.api_latency_s for cfg in world.pools]  # engine time -> what clients see
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
         self.charged = [
             CostEstimator.from_profile(cfg.gateway_profile).estimate_many(
@@ -304,21 +305,23 @@ class Simulation(RequestListener):
         self.ledger.scheduled[rid] = now
 
     def on_first_token(self, rid: int, now: float) -> None:
-        self.ledger.first_token[rid] = now
+        led = self.ledger
+        seen = now + self.api_latency[led.pool[rid]]  # as the client (and a gateway streaming it) sees it
+        led.first_token[rid] = seen
         if self.views is not None:
-            led = self.ledger
             view = self.views[self.sender[rid]]
             request = self.requests[rid]
             view.answering(led.pool[rid], led.replica[rid], rid, request.tier, request.prompt_tokens)
-        self.gateways[0].observe_first_token(self.requests[rid], self.ledger.admit[rid], now)
+        self.gateways[0].observe_first_token(self.requests[rid], led.admit[rid], seen)
 
     def on_finish(self, rid: int, now: float) -> None:
         self.waiting_with_deadline.pop(rid, None)
         led = self.ledger
-        led.finish[rid] = now
+        seen = now + self.api_latency[led.pool[rid]]
+        led.finish[rid] = seen
         led.outcome[rid] = COMPLETED
         self._release(rid)
-        self.gateways[0].observe_completion(self.requests[rid], self.output[rid], now, led.pool[rid])
+        self.gateways[0].observe_completion(self.requests[rid], self.output[rid], seen, led.pool[rid])
         self._done(rid)
 
     def on_aborted(self, rid: int, now: float) -> None:

@@ -61,6 +61,12 @@ class PoolConfig:
     def gateway_profile(self) -> Profile:
         return self.believed or self.profile
 
+    @property
+    def api_latency_s(self) -> float:
+        """What a client sees beyond the engine's times (an API server's way in and out; a classical
+        server has none)."""
+        return self.profile.api_latency_s if self.service is None else 0.0
+
 
 @dataclass(frozen=True)
 class GatewayConfig:

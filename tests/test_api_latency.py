@@ -1,0 +1,87 @@
+"""The API server's latency (`api_latency_s`): what a request spends outside the engine. Calibration measures
+it (the fit's TTFT offset), every TTFT and end-to-end latency a client sees carries it once, and it takes no
+engine time: admission, batching and the engine's own times are those of a server without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from simadmit.calibrate.client import Endpoint
+from simadmit.calibrate.fit import fit_step_model
+from simadmit.calibrate.metrics import CacheConfig
+from simadmit.calibrate.run import CalibrationConfig, build_profile
+from simadmit.config.errors import InputError
+from simadmit.config.loading import scenario_from_dict
+from simadmit.config.profile import load_profile, save_profile, solo_service_s
+from simadmit.fleet.engine_replay import replay_on_profile
+from simadmit.sim.world import build_world
+from simadmit.study.runner import run_scenario
+from tests.helpers import PROFILE, ROOT
+from tests.test_calibrate_fit import TRUE, synthetic
+from tests.test_invariants import _small_doc
+
+LATENCY = 0.05
+
+
+def _with_latency(tmp_path: Path, latency: float) -> Path:
+    doc = yaml.safe_load(Path(PROFILE).read_text())
+    doc["api_latency_s"] = latency
+    path = tmp_path / f"profile-{latency}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_profile_without_it_has_none_and_a_negative_one_is_refused(tmp_path: Path) -> None:
+    assert load_profile(PROFILE).api_latency_s == 0.0  # profiles written before it load unchanged
+    with pytest.raises(InputError) as e:
+        load_profile(_with_latency(tmp_path, -0.01))
+    assert "api_latency_s" in str(e.value)
+    saved = tmp_path / "again.yaml"
+    save_profile(load_profile(_with_latency(tmp_path, LATENCY)), saved)
+    assert load_profile(saved).api_latency_s == LATENCY
+
+
+def test_every_client_visible_latency_carries_it_once_and_nothing_else_moves(tmp_path: Path) -> None:
+    """The same scenario and seed on a profile with and without the latency: the same decisions, the same
+    engine schedule, and each completed request's TTFT and E2E longer by exactly the latency."""
+    runs = []
+    for latency in (0.0, LATENCY):
+        doc = _small_doc()
+        doc["pools"][0]["profile"] = str(_with_latency(tmp_path, latency))
+        spec = scenario_from_dict(doc, ROOT / "tests" / "small.yaml")
+        runs.append(run_scenario(spec, build_world(spec, ROOT), keep_tables=True).requests)
+    base, late = runs
+    for col in ("decision", "reason", "attempt_s", "admit_s", "scheduled_s", "outcome", "replica"):
+        assert base[col].equals(late[col]), col
+    done = (base["outcome"] == "completed") & (base["decision"] == "admit")
+    assert done.sum() > 100
+    for col in ("ttft_s", "e2e_s", "first_token_s", "finish_s"):
+        shift = (late[col] - base[col])[done].to_numpy()
+        assert np.allclose(shift, LATENCY, rtol=0, atol=1e-9), col
+
+
+def test_a_lone_request_takes_its_solo_service_plus_the_latency(tmp_path: Path) -> None:
+    profile = load_profile(_with_latency(tmp_path, LATENCY))
+    budget = profile.engine.max_num_batched_tokens
+    got = replay_on_profile(profile, np.array([0.0]), np.array([1000]), np.array([20]))
+    assert got["ttft_s"][0] == pytest.approx(solo_service_s(profile.step_time, budget, 1000) + LATENCY)
+    assert got["e2e_s"][0] == pytest.approx(solo_service_s(profile.step_time, budget, 1000, 20) + LATENCY)
+
+
+@pytest.mark.parametrize("offset", [TRUE[6], -0.004])
+def test_calibration_writes_the_fitted_offset_never_below_zero(tmp_path: Path, offset: float) -> None:
+    """The fit's TTFT offset (free in sign, so it does not leak into the step costs) becomes the profile's
+    latency; a negative one, which no server has, becomes zero."""
+    true = TRUE.copy()
+    true[6] = offset
+    fit = fit_step_model(synthetic(np.random.default_rng(1), noise=0.0, true=true))
+    assert fit.ttft_offset_s == pytest.approx(offset, abs=1e-6)
+    cfg = CalibrationConfig(endpoint="http://x:8000", out=tmp_path / "p.yaml", max_num_batched_tokens=2048)
+    profile = build_profile(
+        cfg, Endpoint("http://x:8000", "m", 2048, "0.32.0"), CacheConfig(128, 728, 1), fit, [], {}
+    )
+    assert profile.api_latency_s == pytest.approx(max(0.0, offset), abs=1e-6)

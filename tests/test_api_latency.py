@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from simadmit.admission.view import EngineModel, ReplicaLoad
 from simadmit.calibrate.client import Endpoint
 from simadmit.calibrate.fit import fit_step_model
 from simadmit.calibrate.metrics import CacheConfig
@@ -85,3 +86,15 @@ def test_calibration_writes_the_fitted_offset_never_below_zero(tmp_path: Path, o
         cfg, Endpoint("http://x:8000", "m", 2048, "0.32.0"), CacheConfig(128, 728, 1), fit, [], {}
     )
     assert profile.api_latency_s == pytest.approx(max(0.0, offset), abs=1e-6)
+
+
+@pytest.mark.parametrize("running", [0, 6])
+def test_a_gateway_predicts_the_ttft_its_clients_will_see(tmp_path: Path, running: int) -> None:
+    """The engine model of a predictive gateway adds the latency once to its predicted TTFT, idle or busy,
+    so its learned correction does not have to stand in for it."""
+    load = ReplicaLoad(running=running, prefill_tokens=300, max_seqs=8, kv_used=4000, kv_capacity=10**6)
+    without, with_it = (
+        EngineModel.of(load_profile(_with_latency(tmp_path, x)), 2048, None).ttft(load, 500, 100.0)
+        for x in (0.0, LATENCY)
+    )
+    assert with_it - without == pytest.approx(LATENCY, abs=1e-12)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
+from simadmit.config.profile import Profile, StepTimeModel, prefill_attention_pairs
 
 
 @dataclass(slots=True)
@@ -103,6 +103,14 @@ class EngineModel:
     step: StepTimeModel
     max_num_batched_tokens: int
     priorities: Mapping[str, int] | None = None
+    api_latency_s: float = 0.0  # the profile's: part of every TTFT a client sees, no engine time
+
+    @classmethod
+    def of(
+        cls, profile: Profile, max_num_batched_tokens: int, priorities: Mapping[str, int] | None
+    ) -> EngineModel:
+        """The model a gateway predicts a pool's engines with, from the profile it believes."""
+        return cls(profile.step_time, max_num_batched_tokens, priorities, profile.api_latency_s)
 
     def priority(self, tier: str) -> int | None:
         """The priority a request of `tier` carries, or None when the engines serve FCFS."""
@@ -129,7 +137,8 @@ class EngineModel:
         self, load: ReplicaLoad, prompt_tokens: int, mean_output: float, tier: str | None = None
     ) -> float:
         """Predicted seconds from now to the first token of a request of `prompt_tokens` (of `tier`) sent to
-        `load`: under priority scheduling it waits only behind the work of its priority or higher."""
+        `load`, as its client sees it (the API server's latency included): under priority scheduling it
+        waits only behind the work of its priority or higher."""
         level = None if tier is None else self.priority(tier)
         if level is not None:
             load = ahead_of(load, level)
@@ -150,6 +159,7 @@ class EngineModel:
             + s.per_context_token_s * tokens * (steps + 1) / 2  # the prompts' KV, held as it fills
             + s.per_prefill_attention_s * (load.prefill_pairs + prompt_attention_pairs(prompt_tokens))
         )
+        t += self.api_latency_s
         tokens += chunk
         if not decoding:
             return t

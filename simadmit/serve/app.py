@@ -81,7 +81,7 @@ class GatewayServer:
         g = world.gateway
         learner = OutputLearner() if g.estimate_output == "learned" else None
         engines = [
-            EngineModel(p.gateway_profile.step_time, p.limits.max_num_batched_tokens, p.priorities)
+            EngineModel.of(p.gateway_profile, p.limits.max_num_batched_tokens, p.priorities)
             for p in world.pools
         ]  # what an engine-aware policy predicts with, as in the simulator
         self.gateway = Gateway(

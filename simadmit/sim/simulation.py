@@ -136,7 +136,7 @@ class Simulation(RequestListener):
         estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
         engines = [
-            EngineModel(cfg.gateway_profile.step_time, cfg.limits.max_num_batched_tokens, cfg.priorities)
+            EngineModel.of(cfg.gateway_profile, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
         self.gateways = [

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
 from tests.fake_vllm import FakeVllm
 
@@ -456,7 +457,7 @@ CALIBRATE_CASES = [
     CalibrateCase(
         "budget-zero",
         ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/p.yaml", "--budget", "0s"),
-        fragment="--budget: '0s': must be longer than zero",
+        fragment="error: --budget: '0s': must be longer than zero",  # `error:` as every command prints
     ),
     CalibrateCase(
         "request-timeout-not-a-duration",
@@ -500,6 +501,43 @@ CALIBRATE_CASES = [
         ("calibrate", "--endpoint", "{url}", "--out", "{in}/taken.yaml", "--resume"),
         fragment="taken.measurements.csv: is a folder, where the measurements file goes",
     ),
+    CalibrateCase(
+        "resume-measurements-of-another-server",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/elsewhere.yaml", "--resume"),
+        fragment="elsewhere.measurements.csv: holds measurements of another server or configuration (endpoint "
+        "http://10.0.0.9:8000 -> http://127.0.0.1:",  # the same model name, another server: never mixed
+    ),
+    CalibrateCase(
+        "resume-measurements-of-another-configuration",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{in}/elsewhere.yaml",
+            "--resume",
+            "--max-num-seqs",
+            "64",
+        ),
+        fragment="max_num_seqs 256 -> 64): resume against the one it measured, or give --out a new file",
+    ),
+    CalibrateCase(
+        "resume-a-file-that-records-no-server",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{in}/older.yaml",
+            "--resume",
+            "--budget",
+            "4s",
+            "--max-concurrency",
+            "2",
+        ),
+        code=0,
+        fragment="does not record which server it measured (written by an older simadmit): resuming on trust",
+    ),  # fmt: skip
     CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
@@ -933,12 +971,12 @@ COMMAND_CASES = [
     CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
-        fragment="folder: is a folder; give the profile's file",
+        fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
     ),
     CommandCase(
         "calibrate-budget-huge",
         ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--budget", "99999h"),
-        fragment="--budget: '99999h': at most a week",
+        fragment="error: --budget: '99999h': at most a week",
     ),
     CommandCase(
         "calibrate-binary-workload",
@@ -980,6 +1018,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     )
     (root / "folder").mkdir()
     (root / "taken.measurements.csv").mkdir()
+    header = ",".join(COLUMNS)
+    row = "warmup,1,0,1,fake-model,1700000000.0,16,16,8,8,0.01,0.001,0.001,0.001,0.001,8,0.02,ok"
+    elsewhere = "endpoint=http://10.0.0.9:8000 vllm=fake max_model_len=2048 kv_block_size=16 engines=1 "
+    elsewhere += "max_num_seqs=256 max_num_batched_tokens=8192"
+    (root / "elsewhere.measurements.csv").write_text(f"{header}\n{row},{elsewhere}\n")
+    (root / "older.measurements.csv").write_text(f"{header.removesuffix(',server')}\n{row}\n")
     (root / "damaged").mkdir()
     (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")
     for name, rate in (("sim", 4), ("other", 8)):

@@ -9,6 +9,8 @@ from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.text import Text
 
 
 class InputError(Exception):
@@ -22,6 +24,15 @@ class InputError(Exception):
         # Rebuilt from its lines when it crosses from a worker process to the command: by default pickle
         # would call __init__ with the joined message (one problem per character) and patch it afterwards.
         return (type(self), (self.problems,))
+
+
+def print_problems(problems: Iterable[str]) -> None:
+    """Each problem on its own `error:` line on stderr, as written: `a:b:3` is no emoji code, `[x]` no markup.
+
+    Every command prints its input errors through this, so they all read alike."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    for line in problems:
+        err.print(Text.assemble(("error:", "red"), " ", line))
 
 
 def problem(source: str | Path | None, field: str | None, message: str) -> str:

@@ -117,8 +117,22 @@ class Case:
     fragment: str = ""
     scenario_text: str | None = None  # "default": run the bundled default scenario instead of BASE
     summary: Callable[[dict], bool] | None = None  # holds for the summary.json of a run that succeeds
+    absent: str = ""  # must not be printed (a second, misleading line; a secret)
 
 
+def _profile(**changes: object) -> str:
+    """The bundled H100 profile with dotted fields changed (`step_time.overhead_s=...`), as YAML text."""
+    doc = yaml.safe_load(Path(PROFILE).read_text())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = doc
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return yaml.safe_dump(doc)
+
+
+MAPPED = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
 EMPIRICAL = {
     "kind": "empirical",
     "trace": {"path": "trace.csv", "format": "azure"},
@@ -222,6 +236,107 @@ SIM_CASES = [
         _trace_workload("trace.csv.gz"),
         files={"trace.csv.gz": gzip.compress(AZURE_OK.encode())[:30]},
         fragment="trace.csv.gz: cannot read it",
+    ),
+    Case(
+        "trace-tokens-beyond-any-context",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,99999999999999999999,12\n"},
+        fragment="trace.csv: line 4: ContextTokens '99999999999999999999' is more than 10,000,000 tokens",
+    ),  # was an overflowing cast, then a traceback building the per-second table
+    Case(
+        "trace-span-too-long",
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o\n0,10,5\n1e12,10,5\n"},
+        fragment="trace.csv: its requests span 1e+12 s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-speedup-tiny",
+        _trace_workload(fmt="mapped", columns=MAPPED, speedup=1e-300),
+        files={"trace.csv": "t,p,o\n0,10,5\n1,10,5\n"},
+        fragment="trace.csv: its requests span 1e+300 s",
+    ),
+    Case(
+        "trace-mapped-without-columns-is-one-problem",
+        _trace_workload(fmt="mapped"),
+        files={"trace.csv": "t,p,o\n0,10,5\n"},
+        fragment="workload.trace: format: mapped needs columns",
+        absent="rate_rps",  # not also "required field is missing": a replay needs no rate
+    ),
+    Case(
+        "service-time-trace-relative-to-the-scenario",
+        _both(
+            _classical(
+                {"kind": "empirical", "trace": {"path": "trace.csv", "format": "azure"}},
+                {"kind": "unconditional"},
+            ),
+            _set("workload.requests", 20),
+        ),
+        files={"trace.csv": AZURE_OK},
+        code=0,
+        fragment="simulated requests",  # was looked for in the current folder, and named no field
+    ),
+    Case(
+        "service-time-trace-missing",
+        _classical(
+            {"kind": "empirical", "trace": {"path": "nope.csv", "format": "azure"}}, {"kind": "unconditional"}
+        ),
+        fragment="scenario.yaml: pools.0.engine.service_time.trace.path: trace 'nope.csv' not found",
+    ),
+    Case(
+        "rate-is-true",
+        _set("workload.rate_rps", True),
+        fragment="workload.rate_rps: Input should be a number, not true",  # was read as 1 request/s
+    ),
+    Case(
+        "replicas-set-to-yes",
+        args=("--set", "pools.0.replicas=yes"),
+        fragment="pools.0.replicas: Input should be a number, not true",
+    ),
+    Case(
+        "pool-serves-unknown-tier",
+        _set("pools.0.tiers", ["gold"]),
+        fragment="scenario.yaml: pools.0.tiers: no tier 'gold' (tiers: interactive)",
+    ),
+    Case(
+        "policy-name-given-twice",
+        _set("policies", [{"kind": "unconditional"}, {"kind": "unconditional"}]),
+        fragment="policies.1: policy name 'unconditional' is taken by policies.0",
+    ),
+    Case(
+        "api-key-of-unknown-tier",
+        _set("gateway.http", {"api_keys": {"sk-secret-1": "gold"}}),
+        fragment="gateway.http.api_keys: an API key maps to no tier 'gold' (tiers: interactive)",
+        absent="sk-secret-1",
+    ),
+    Case(
+        "profile-is-a-folder",
+        _set("pools.0.profile", "."),
+        fragment="pools.0.profile: profile '.' is a folder, not a profile file",
+    ),
+    Case(
+        "profile-empty-file",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": ""},
+        fragment="p.yaml: empty file: a calibration profile is a YAML mapping of its fields",
+    ),
+    Case(
+        "profile-cost-infinite",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(**{"step_time.per_decode_seq_s": float("inf")})},
+        fragment="p.yaml: step_time.per_decode_seq_s: Input should be a finite number",
+    ),
+    Case(
+        "profile-overhead-huge",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(**{"step_time.overhead_s": 1e30})},
+        fragment="p.yaml: step_time: one request filling the context (engine.max_model_len, 131072 tokens) "
+        "would take 1.31e+35 s",
+    ),
+    Case(
+        "profile-gpus-true",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(gpus_per_replica=True)},
+        fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
     ),
     Case(
         "policy-kind-unknown",
@@ -406,9 +521,12 @@ def simadmit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
-def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+def assert_outcome(
+    result: subprocess.CompletedProcess[str], code: int, fragment: str, absent: str = ""
+) -> None:
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output
+    assert not absent or absent not in output, output
     assert result.returncode == code, output
     if code == 2:  # one line per problem, each naming its file or option and field
         lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -421,7 +539,7 @@ def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment
 def test_simulate_input(case: Case, tmp_path: Path) -> None:
     scenario = _write_scenario(case, tmp_path)
     result = simadmit("simulate", str(scenario), "--out", str(tmp_path / "out"), *case.args)
-    assert_outcome(result, case.code, case.fragment)
+    assert_outcome(result, case.code, case.fragment, case.absent)
     if case.summary is not None:
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         assert case.summary(summary), summary

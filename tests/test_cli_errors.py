@@ -1008,7 +1008,83 @@ COMMAND_CASES = [
     CommandCase(
         "compare-out-is-a-run-folder",
         ("compare", "{sim}", "{sim}", "--out", "{sim}"),
-        fragment="{sim}: holds a run: give --out a folder of its own",  # never mixed into the run's files
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",  # never mixed into it
+    ),
+    CommandCase(
+        "sweep-out-is-a-simulate-run",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2", "--out", "{sim}"),
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",  # was written into it
+    ),
+    CommandCase(
+        "optimize-out-is-a-simulate-run",
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s", "--out", "{sim}"),
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",
+    ),
+    CommandCase(
+        "simulate-out-is-a-replay-run",
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/replayed"),
+        fragment="replayed: holds a replay run: give --out a folder of its own",  # its measurements replaced
+    ),
+    CommandCase(
+        "simulate-out-is-a-sweep",
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/swept"),
+        fragment="swept: holds a sweep run: give --out a folder of its own",
+    ),
+    CommandCase(
+        "sweep-workload-too-big-at-one-point",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.duration_s=4,1e9", "--out", "{tmp}/s"),
+        fragment="point {{'workload.duration_s': '1e9'}}: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
+    ),  # was a traceback from the worker's simulation
+    CommandCase(
+        "optimize-workload-too-big",
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--set",
+            "workload.duration_s=1e9",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--loads 1: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-bad-trace-before-any-simulation",
+        ("optimize", "{in}/bad-trace.yaml", "--slo", "t.ttft_p99<=3s", "--jobs", "1", "--out", "{tmp}/o"),
+        fragment="--loads 1: {in}/bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1",
+    ),
+    CommandCase(
+        "gateway-needs-no-replayed-trace",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/trace-absent.yaml",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="--port {busy}: cannot listen there",  # past the scenario: the trace is never read
+    ),
+    CommandCase(
+        "gateway-profile-is-a-folder",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--profile",
+            "{in}/folder",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="pools.0.profile: profile '{in}/folder' is a folder, not a profile file",
     ),
     CommandCase(
         "compare-out-is-a-file",
@@ -1149,6 +1225,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "simulate", str(root / "ok.yaml"), "--out", str(root / name), "--set", f"workload.rate_rps={rate}"
         )
         assert ran.returncode == 0, ran.stderr
+    (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
+    (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())
+    (root / "replayed" / "replay.json").write_text("{}")
+    (root / "swept").mkdir()
+    (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
+    (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
+    for name, trace in (("bad-trace", "bad.csv"), ("trace-absent", "absent.csv")):
+        replay_doc = copy.deepcopy(doc)
+        _trace_workload(trace)(replay_doc)
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
     with socket.socket() as free, socket.socket() as busy:
@@ -1164,7 +1250,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 @pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
-    assert_outcome(simadmit(*args), case.code, case.fragment.format(**inputs))
+    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs))
 
 
 def test_input_error_crosses_process_boundaries_whole() -> None:
@@ -1175,13 +1261,9 @@ def test_input_error_crosses_process_boundaries_whole() -> None:
     assert copied.problems == error.problems and str(copied) == str(error)
 
 
-@pytest.mark.parametrize("backend", ["process", "ray"])
-def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path: Path) -> None:
-    """Only the worker that runs a grid point reads that point's trace: its malformed row comes back from
-    the worker process (or the Ray task) as the same one line `simulate` prints, with exit code 2, and no
-    traceback from the worker or from the other tasks the sweep then stops."""
-    if backend == "ray":
-        pytest.importorskip("ray", reason="Ray is an optional extra")
+def test_a_bad_trace_of_one_sweep_point_is_refused_before_any_point_runs(tmp_path: Path) -> None:
+    """Every point's traces are read before the sweep starts: a malformed row of one point's trace is the
+    one line `simulate` prints, naming the point, exit code 2, and no point runs (none is saved)."""
     (tmp_path / "good.csv").write_text(AZURE_OK)
     (tmp_path / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
     doc = copy.deepcopy(BASE)
@@ -1189,11 +1271,17 @@ def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path:
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     result = simadmit(
         "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv,bad.csv",
-        "--jobs", "2", "--backend", backend, "--out", str(tmp_path / "out"), timeout=180,
+        "--jobs", "2", "--out", str(tmp_path / "out"), timeout=180,
     )  # fmt: skip
-    assert_outcome(result, 2, "bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1")
+    assert_outcome(
+        result,
+        2,
+        "point {'workload.trace.path': 'bad.csv'}: "
+        f"{tmp_path / 'bad.csv'}: line 4: ContextTokens 'abc' is not a whole number >= 1",
+    )
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+    assert not (tmp_path / "out").exists()  # the good point did not run first
 
 
 USAGE_MISTAKES = [

@@ -374,6 +374,11 @@ SIM_CASES = [
     ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
     Case(
+        "set-empty-path-part",
+        args=("--set", "workload..rate_rps=3"),
+        fragment="--set: workload..rate_rps: a path has no empty part",  # was "workload.: unknown field"
+    ),
+    Case(
         "warmup-after-duration",
         _set("workload.warmup_s", 10),
         fragment="workload.warmup_s: 10 s of warm-up leaves nothing of duration_s (4 s)",

@@ -55,7 +55,9 @@ def test_bad_url_is_one_line_and_exit_2(tmp_path: Path, url: str) -> None:
 def test_missing_out_and_endpoint_are_both_reported(tmp_path: Path) -> None:
     result = calibrate()
     assert result.returncode == 2
-    assert {"--out", "--endpoint"} <= {line.split(":")[0] for line in result.stderr.strip().splitlines()}
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("error: ") for line in lines), result.stderr  # as every command prints them
+    assert {"--out", "--endpoint"} <= {line.removeprefix("error: ").split(":")[0] for line in lines}
 
 
 def test_launch_without_vllm_fails_fast_with_the_servers_last_words(tmp_path: Path) -> None:

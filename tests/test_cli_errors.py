@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
 from tests.fake_vllm import FakeVllm
 
@@ -116,8 +117,22 @@ class Case:
     fragment: str = ""
     scenario_text: str | None = None  # "default": run the bundled default scenario instead of BASE
     summary: Callable[[dict], bool] | None = None  # holds for the summary.json of a run that succeeds
+    absent: str = ""  # must not be printed (a second, misleading line; a secret)
 
 
+def _profile(**changes: object) -> str:
+    """The bundled H100 profile with dotted fields changed (`step_time.overhead_s=...`), as YAML text."""
+    doc = yaml.safe_load(Path(PROFILE).read_text())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = doc
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return yaml.safe_dump(doc)
+
+
+MAPPED = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
 EMPIRICAL = {
     "kind": "empirical",
     "trace": {"path": "trace.csv", "format": "azure"},
@@ -223,6 +238,107 @@ SIM_CASES = [
         fragment="trace.csv.gz: cannot read it",
     ),
     Case(
+        "trace-tokens-beyond-any-context",
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,99999999999999999999,12\n"},
+        fragment="trace.csv: line 4: ContextTokens '99999999999999999999' is more than 10,000,000 tokens",
+    ),  # was an overflowing cast, then a traceback building the per-second table
+    Case(
+        "trace-span-too-long",
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o\n0,10,5\n1e12,10,5\n"},
+        fragment="trace.csv: its requests span 1e+12 s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-speedup-tiny",
+        _trace_workload(fmt="mapped", columns=MAPPED, speedup=1e-300),
+        files={"trace.csv": "t,p,o\n0,10,5\n1,10,5\n"},
+        fragment="trace.csv: its requests span 1e+300 s",
+    ),
+    Case(
+        "trace-mapped-without-columns-is-one-problem",
+        _trace_workload(fmt="mapped"),
+        files={"trace.csv": "t,p,o\n0,10,5\n"},
+        fragment="workload.trace: format: mapped needs columns",
+        absent="rate_rps",  # not also "required field is missing": a replay needs no rate
+    ),
+    Case(
+        "service-time-trace-relative-to-the-scenario",
+        _both(
+            _classical(
+                {"kind": "empirical", "trace": {"path": "trace.csv", "format": "azure"}},
+                {"kind": "unconditional"},
+            ),
+            _set("workload.requests", 20),
+        ),
+        files={"trace.csv": AZURE_OK},
+        code=0,
+        fragment="simulated requests",  # was looked for in the current folder, and named no field
+    ),
+    Case(
+        "service-time-trace-missing",
+        _classical(
+            {"kind": "empirical", "trace": {"path": "nope.csv", "format": "azure"}}, {"kind": "unconditional"}
+        ),
+        fragment="scenario.yaml: pools.0.engine.service_time.trace.path: trace 'nope.csv' not found",
+    ),
+    Case(
+        "rate-is-true",
+        _set("workload.rate_rps", True),
+        fragment="workload.rate_rps: Input should be a number, not true",  # was read as 1 request/s
+    ),
+    Case(
+        "replicas-set-to-yes",
+        args=("--set", "pools.0.replicas=yes"),
+        fragment="pools.0.replicas: Input should be a number, not true",
+    ),
+    Case(
+        "pool-serves-unknown-tier",
+        _set("pools.0.tiers", ["gold"]),
+        fragment="scenario.yaml: pools.0.tiers: no tier 'gold' (tiers: interactive)",
+    ),
+    Case(
+        "policy-name-given-twice",
+        _set("policies", [{"kind": "unconditional"}, {"kind": "unconditional"}]),
+        fragment="policies.1: policy name 'unconditional' is taken by policies.0",
+    ),
+    Case(
+        "api-key-of-unknown-tier",
+        _set("gateway.http", {"api_keys": {"sk-secret-1": "gold"}}),
+        fragment="gateway.http.api_keys: an API key maps to no tier 'gold' (tiers: interactive)",
+        absent="sk-secret-1",
+    ),
+    Case(
+        "profile-is-a-folder",
+        _set("pools.0.profile", "."),
+        fragment="pools.0.profile: profile '.' is a folder, not a profile file",
+    ),
+    Case(
+        "profile-empty-file",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": ""},
+        fragment="p.yaml: empty file: a calibration profile is a YAML mapping of its fields",
+    ),
+    Case(
+        "profile-cost-infinite",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(**{"step_time.per_decode_seq_s": float("inf")})},
+        fragment="p.yaml: step_time.per_decode_seq_s: Input should be a finite number",
+    ),
+    Case(
+        "profile-overhead-huge",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(**{"step_time.overhead_s": 1e30})},
+        fragment="p.yaml: step_time: one request filling the context (engine.max_model_len, 131072 tokens) "
+        "would take 1.31e+35 s",
+    ),
+    Case(
+        "profile-gpus-true",
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(gpus_per_replica=True)},
+        fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
+    ),
+    Case(
         "policy-kind-unknown",
         _set("policies.0", {"kind": "fifo"}),
         fragment="policies.0: Input tag 'fifo' found using 'kind' does not match any of the expected tags",
@@ -257,6 +373,11 @@ SIM_CASES = [
         fragment="--set: workload.rate_rps=[1, 2: not valid YAML",
     ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
+    Case(
+        "set-empty-path-part",
+        args=("--set", "workload..rate_rps=3"),
+        fragment="--set: workload..rate_rps: a path has no empty part",  # was "workload.: unknown field"
+    ),
     Case(
         "warmup-after-duration",
         _set("workload.warmup_s", 10),
@@ -405,9 +526,12 @@ def simadmit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
-def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+def assert_outcome(
+    result: subprocess.CompletedProcess[str], code: int, fragment: str, absent: str = ""
+) -> None:
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output
+    assert not absent or absent not in output, output
     assert result.returncode == code, output
     if code == 2:  # one line per problem, each naming its file or option and field
         lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -420,7 +544,7 @@ def assert_outcome(result: subprocess.CompletedProcess[str], code: int, fragment
 def test_simulate_input(case: Case, tmp_path: Path) -> None:
     scenario = _write_scenario(case, tmp_path)
     result = simadmit("simulate", str(scenario), "--out", str(tmp_path / "out"), *case.args)
-    assert_outcome(result, case.code, case.fragment)
+    assert_outcome(result, case.code, case.fragment, case.absent)
     if case.summary is not None:
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         assert case.summary(summary), summary
@@ -456,7 +580,7 @@ CALIBRATE_CASES = [
     CalibrateCase(
         "budget-zero",
         ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/p.yaml", "--budget", "0s"),
-        fragment="--budget: '0s': must be longer than zero",
+        fragment="error: --budget: '0s': must be longer than zero",  # `error:` as every command prints
     ),
     CalibrateCase(
         "request-timeout-not-a-duration",
@@ -500,6 +624,43 @@ CALIBRATE_CASES = [
         ("calibrate", "--endpoint", "{url}", "--out", "{in}/taken.yaml", "--resume"),
         fragment="taken.measurements.csv: is a folder, where the measurements file goes",
     ),
+    CalibrateCase(
+        "resume-measurements-of-another-server",
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/elsewhere.yaml", "--resume"),
+        fragment="elsewhere.measurements.csv: holds measurements of another server or configuration (endpoint "
+        "http://10.0.0.9:8000 -> http://127.0.0.1:",  # the same model name, another server: never mixed
+    ),
+    CalibrateCase(
+        "resume-measurements-of-another-configuration",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{in}/elsewhere.yaml",
+            "--resume",
+            "--max-num-seqs",
+            "64",
+        ),
+        fragment="max_num_seqs 256 -> 64): resume against the one it measured, or give --out a new file",
+    ),
+    CalibrateCase(
+        "resume-a-file-that-records-no-server",
+        (
+            "calibrate",
+            "--endpoint",
+            "{url}",
+            "--out",
+            "{in}/older.yaml",
+            "--resume",
+            "--budget",
+            "4s",
+            "--max-concurrency",
+            "2",
+        ),
+        code=0,
+        fragment="does not record which server it measured (written by an older simadmit): resuming on trust",
+    ),  # fmt: skip
     CalibrateCase(
         "check-every-request-failed",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "4", "--rate", "20"),
@@ -852,7 +1013,83 @@ COMMAND_CASES = [
     CommandCase(
         "compare-out-is-a-run-folder",
         ("compare", "{sim}", "{sim}", "--out", "{sim}"),
-        fragment="{sim}: holds a run: give --out a folder of its own",  # never mixed into the run's files
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",  # never mixed into it
+    ),
+    CommandCase(
+        "sweep-out-is-a-simulate-run",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2", "--out", "{sim}"),
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",  # was written into it
+    ),
+    CommandCase(
+        "optimize-out-is-a-simulate-run",
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s", "--out", "{sim}"),
+        fragment="{sim}: holds a simulate run: give --out a folder of its own",
+    ),
+    CommandCase(
+        "simulate-out-is-a-replay-run",
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/replayed"),
+        fragment="replayed: holds a replay run: give --out a folder of its own",  # its measurements replaced
+    ),
+    CommandCase(
+        "simulate-out-is-a-sweep",
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/swept"),
+        fragment="swept: holds a sweep run: give --out a folder of its own",
+    ),
+    CommandCase(
+        "sweep-workload-too-big-at-one-point",
+        ("sweep", "{in}/ok.yaml", "--param", "workload.duration_s=4,1e9", "--out", "{tmp}/s"),
+        fragment="point {{'workload.duration_s': '1e9'}}: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
+    ),  # was a traceback from the worker's simulation
+    CommandCase(
+        "optimize-workload-too-big",
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--set",
+            "workload.duration_s=1e9",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--loads 1: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-bad-trace-before-any-simulation",
+        ("optimize", "{in}/bad-trace.yaml", "--slo", "t.ttft_p99<=3s", "--jobs", "1", "--out", "{tmp}/o"),
+        fragment="--loads 1: {in}/bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1",
+    ),
+    CommandCase(
+        "gateway-needs-no-replayed-trace",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/trace-absent.yaml",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="--port {busy}: cannot listen there",  # past the scenario: the trace is never read
+    ),
+    CommandCase(
+        "gateway-profile-is-a-folder",
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--profile",
+            "{in}/folder",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{busy}",
+        ),
+        fragment="pools.0.profile: profile '{in}/folder' is a folder, not a profile file",
     ),
     CommandCase(
         "compare-out-is-a-file",
@@ -933,12 +1170,12 @@ COMMAND_CASES = [
     CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
-        fragment="folder: is a folder; give the profile's file",
+        fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
     ),
     CommandCase(
         "calibrate-budget-huge",
         ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--budget", "99999h"),
-        fragment="--budget: '99999h': at most a week",
+        fragment="error: --budget: '99999h': at most a week",
     ),
     CommandCase(
         "calibrate-binary-workload",
@@ -980,6 +1217,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     )
     (root / "folder").mkdir()
     (root / "taken.measurements.csv").mkdir()
+    header = ",".join(COLUMNS)
+    row = "warmup,1,0,1,fake-model,1700000000.0,16,16,8,8,0.01,0.001,0.001,0.001,0.001,8,0.02,ok"
+    elsewhere = "endpoint=http://10.0.0.9:8000 vllm=fake max_model_len=2048 kv_block_size=16 engines=1 "
+    elsewhere += "max_num_seqs=256 max_num_batched_tokens=8192"
+    (root / "elsewhere.measurements.csv").write_text(f"{header}\n{row},{elsewhere}\n")
+    (root / "older.measurements.csv").write_text(f"{header.removesuffix(',server')}\n{row}\n")
     (root / "damaged").mkdir()
     (root / "damaged" / "requests.parquet").write_bytes(b"PAR1 truncated")
     for name, rate in (("sim", 4), ("other", 8)):
@@ -987,6 +1230,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "simulate", str(root / "ok.yaml"), "--out", str(root / name), "--set", f"workload.rate_rps={rate}"
         )
         assert ran.returncode == 0, ran.stderr
+    (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
+    (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())
+    (root / "replayed" / "replay.json").write_text("{}")
+    (root / "swept").mkdir()
+    (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
+    (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
+    for name, trace in (("bad-trace", "bad.csv"), ("trace-absent", "absent.csv")):
+        replay_doc = copy.deepcopy(doc)
+        _trace_workload(trace)(replay_doc)
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
     with socket.socket() as free, socket.socket() as busy:
@@ -1002,7 +1255,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 @pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
-    assert_outcome(simadmit(*args), case.code, case.fragment.format(**inputs))
+    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs))
 
 
 def test_input_error_crosses_process_boundaries_whole() -> None:
@@ -1013,13 +1266,9 @@ def test_input_error_crosses_process_boundaries_whole() -> None:
     assert copied.problems == error.problems and str(copied) == str(error)
 
 
-@pytest.mark.parametrize("backend", ["process", "ray"])
-def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path: Path) -> None:
-    """Only the worker that runs a grid point reads that point's trace: its malformed row comes back from
-    the worker process (or the Ray task) as the same one line `simulate` prints, with exit code 2, and no
-    traceback from the worker or from the other tasks the sweep then stops."""
-    if backend == "ray":
-        pytest.importorskip("ray", reason="Ray is an optional extra")
+def test_a_bad_trace_of_one_sweep_point_is_refused_before_any_point_runs(tmp_path: Path) -> None:
+    """Every point's traces are read before the sweep starts: a malformed row of one point's trace is the
+    one line `simulate` prints, naming the point, exit code 2, and no point runs (none is saved)."""
     (tmp_path / "good.csv").write_text(AZURE_OK)
     (tmp_path / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
     doc = copy.deepcopy(BASE)
@@ -1027,11 +1276,17 @@ def test_a_bad_trace_found_by_a_sweep_worker_is_one_line(backend: str, tmp_path:
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     result = simadmit(
         "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv,bad.csv",
-        "--jobs", "2", "--backend", backend, "--out", str(tmp_path / "out"), timeout=180,
+        "--jobs", "2", "--out", str(tmp_path / "out"), timeout=180,
     )  # fmt: skip
-    assert_outcome(result, 2, "bad.csv: line 4: ContextTokens 'abc' is not a whole number >= 1")
+    assert_outcome(
+        result,
+        2,
+        "point {'workload.trace.path': 'bad.csv'}: "
+        f"{tmp_path / 'bad.csv'}: line 4: ContextTokens 'abc' is not a whole number >= 1",
+    )
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+    assert not (tmp_path / "out").exists()  # the good point did not run first
 
 
 USAGE_MISTAKES = [

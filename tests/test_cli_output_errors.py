@@ -129,7 +129,7 @@ def test_a_full_disk_stops_a_calibration_keeping_its_rows(tmp_path: Path) -> Non
     assert result.stdout.strip() == "exit=2", result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"{tmp_path / 'full' / 'p.measurements.csv'}: cannot write it (No space left on device); the rows "
+        f"error: {tmp_path / 'full' / 'p.measurements.csv'}: cannot write it (No space left on device); the rows "
         "written so far are kept: rerun with --resume"
     ]
     rows = kept.read_text().splitlines()

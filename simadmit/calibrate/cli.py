@@ -28,7 +28,7 @@ from simadmit.calibrate.phases import EndpointLost, RunnerSettings
 from simadmit.calibrate.report import print_calibration
 from simadmit.calibrate.run import CalibrationConfig, calibrate, check_out
 from simadmit.calibrate.workload_mix import workload_prompt_lengths
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, print_problems, problem
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import engine_limits_problem
@@ -70,8 +70,12 @@ def parse_duration(text: str, option: str = "--budget") -> float:
 
 
 def fail(problems: list[str], code: int = 2) -> None:
-    for line in problems:
-        _err.print(line, markup=False, highlight=False, soft_wrap=True)
+    """One `error:` line per problem, as every command prints them (an interruption is no error: plain)."""
+    if code == 130:
+        for line in problems:
+            _err.print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        print_problems(problems)
     raise typer.Exit(code)
 
 
@@ -180,7 +184,7 @@ def calibrate_command(
             python = vllm_python or sys.executable
             with launched_server(launch, vllm_args, python, log, launch_timeout_s) as url:
                 console.print(f"vLLM is up at {url} (log: {log})")
-                run = calibrate(replace(cfg, endpoint=url), console)
+                run = calibrate(replace(cfg, endpoint=url, launched=True), console)
                 result = asyncio.run(within_budget(run, budget_s, stall_s))
         print_calibration(result, console)
     except InputError as e:

@@ -43,6 +43,7 @@ class Measurement:
     n_chunks: int
     e2e_s: float
     status: str  # "ok", or the fault: "timeout", "http_503", "dropped", "connect"...
+    server: str = ""  # the server and configuration measured (`run.server_identity`); "" in older files
 
     @property
     def ok(self) -> bool:
@@ -50,6 +51,7 @@ class Measurement:
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
+OPTIONAL = {"server": ""}  # columns files written before them lack: read as this
 _TYPES = {f.name: f.type for f in fields(Measurement)}
 
 
@@ -81,15 +83,17 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     if not text.endswith("\n"):  # a line cut short by a crash mid-write: drop it, keep the rest
         text = text[: text.rfind("\n") + 1]
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or COLUMNS)]
+    present = reader.fieldnames or COLUMNS
+    missing = [c for c in COLUMNS if c not in present and c not in OPTIONAL]
     if missing:
         raise InputError(
             [problem(path, None, f"not a measurements file (missing columns: {', '.join(missing)})")]
         )
+    columns = [c for c in COLUMNS if c in present]
     rows = []
     for n, rec in enumerate(reader, start=1):
         try:
-            rows.append(Measurement(**{c: _parse(c, rec[c]) for c in COLUMNS}))
+            rows.append(Measurement(**{c: _parse(c, rec[c]) for c in columns}))
         except (TypeError, ValueError):
             raise InputError([problem(path, f"data row {n}", "malformed measurement row")]) from None
     return rows
@@ -113,24 +117,35 @@ def _drop_partial_last_line(path: Path) -> None:
 
 
 class MeasurementLog:
-    """Append-only CSV writer: writes the header once, then one flushed line per `append`."""
+    """Append-only CSV writer: writes the header once, then one flushed line per `append`, each row stamped
+    with `server` (what was measured). A file resumed keeps its own columns: one written before a column
+    existed gets rows without it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, server: str = "") -> None:
         self.path = Path(path)
+        self.server = server
         try:  # opened before the first request: a place that cannot be written costs no measurement
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
                 _drop_partial_last_line(self.path)
             fresh = not self.path.exists() or self.path.stat().st_size == 0
+            header = None
+            if not fresh:
+                with self.path.open(newline="") as f:
+                    header = next(csv.reader(f), None)
             self._file: IO[str] = self.path.open("a", newline="")
         except OSError as e:
             raise InputError([problem(self.path, None, f"cannot write it ({e.strerror or e})")]) from None
         self._writer = csv.writer(self._file)
+        self._columns = [c for c in COLUMNS if header is None or c in header]
         if fresh:
             self._write(COLUMNS)
 
     def append(self, m: Measurement) -> None:
-        self._write([_format(v) for v in astuple(m)])
+        values = dict(zip(COLUMNS, astuple(m), strict=True)) | (
+            {"server": self.server} if self.server else {}
+        )
+        self._write([_format(values[c]) for c in self._columns])
 
     def _write(self, row: Sequence[str]) -> None:
         """One line, flushed; a full disk stops the run with the lines already written kept for --resume

@@ -45,6 +45,7 @@ class CalibrationConfig:
     max_num_seqs: int = 256  # the server's scheduler limits: not visible over HTTP, so taken from the user
     max_num_batched_tokens: int = 8192
     workload_prompts: tuple[int, ...] = ()  # prompt lengths of the user's traffic, added to the prefill sweep
+    launched: bool = False  # the server was started by `--launch` (on a new loopback port each time)
     runner: RunnerSettings = field(default_factory=RunnerSettings)
 
 
@@ -96,8 +97,20 @@ def check_out(out: Path, resume: bool) -> None:
         raise InputError([problem(out, None, "already exists: give --out a new file, or remove it")])
 
 
-def _history(csv_path: Path, endpoint: Endpoint) -> list[Measurement]:
-    """The rows of the run resumed (none for a new one: `check_out` found no file), all of this model."""
+def server_identity(cfg: CalibrationConfig, endpoint: Endpoint, cache: CacheConfig) -> str:
+    """What was measured, as each row records it: the server (its URL; a launched one has a new port each
+    time) and the settings that shape its timings. `--resume` continues only rows of the same."""
+    where = "launched" if cfg.launched else endpoint.base_url
+    return (
+        f"endpoint={where} vllm={endpoint.vllm_version} max_model_len={endpoint.max_model_len} "
+        f"kv_block_size={cache.block_size} engines={cache.engines} max_num_seqs={cfg.max_num_seqs} "
+        f"max_num_batched_tokens={cfg.max_num_batched_tokens}"
+    )
+
+
+def _history(csv_path: Path, endpoint: Endpoint, server: str, console: Console) -> list[Measurement]:
+    """The rows of the run resumed (none for a new one: `check_out` found no file), all of this model and
+    this server (`server_identity`); rows of a file written before rows recorded it are taken on trust."""
     rows = read_measurements(csv_path)
     others = {r.model for r in rows} - {endpoint.model}
     if others:
@@ -108,6 +121,22 @@ def _history(csv_path: Path, endpoint: Endpoint) -> list[Measurement]:
                 )
             ]
         )
+    recorded = {r.server for r in rows if r.server} - {server}
+    if recorded:
+        was = dict(item.split("=", 1) for item in sorted(recorded)[0].split())
+        now = dict(item.split("=", 1) for item in server.split())
+        changed = ", ".join(f"{k} {was.get(k, '?')} -> {v}" for k, v in now.items() if was.get(k) != v)
+        why = (
+            f"holds measurements of another server or configuration ({changed}): resume against the one it "
+            "measured, or give --out a new file"
+        )
+        raise InputError([problem(csv_path, None, why)])
+    if rows and not any(r.server for r in rows):
+        console.print(
+            f"note: {csv_path} does not record which server it measured (written by an older simadmit): "
+            "resuming on trust that it is this one",
+            style="yellow", markup=False, highlight=False,
+        )  # fmt: skip
     return rows
 
 
@@ -131,7 +160,8 @@ async def _run_plan(
     console: Console,
 ) -> tuple[Runner, MetricsSampler, OverheadMonitor]:
     csv_path = measurements_path(cfg.out)
-    history = _history(csv_path, endpoint)
+    server = server_identity(cfg, endpoint, cache)
+    history = _history(csv_path, endpoint, server, console)
     pool = await tokenize(client, endpoint, SAMPLE_TEXT)
     if pool is None:
         console.print(
@@ -141,7 +171,7 @@ async def _run_plan(
     cells = plan(cfg, endpoint, cache)
     overhead = OverheadMonitor()
     sampler = MetricsSampler(client, endpoint.base_url)
-    with MeasurementLog(csv_path) as log:
+    with MeasurementLog(csv_path, server) as log:
         runner = Runner(client, endpoint, prompts, log, history, overhead, cfg.runner)
         overhead.start()
         sampler.start()

@@ -8,6 +8,7 @@ other back.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,16 +17,16 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
-from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # Typer's own copy of Click
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, print_problems, problem
 from simadmit.config.loading import variant_spec
 from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
 from simadmit.workload.check import check_workload
 
 MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
+MAX_PROBLEMS = 20  # lines of one report: a grid can repeat one mistake at every point
 MAX_REPLICATIONS = 1_000  # seeds of one run or point: intervals settle long before, and each run is kept
 
 
@@ -33,12 +34,6 @@ def fail(problems: list[str]) -> NoReturn:
     """Print one line per problem to stderr and exit 2."""
     print_problems(problems)
     raise typer.Exit(2)
-
-
-def print_problems(problems: list[str]) -> None:
-    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-    for line in problems:  # the line as written: `a:b:3` is no emoji code, `[x]` no markup
-        err.print(Text.assemble(("error:", "red"), " ", line))
 
 
 def print_notes(notes: list[str]) -> None:
@@ -83,6 +78,33 @@ def preflight(spec: ScenarioSpec, base: Path, source: Path, seed: int | None = N
     for s in specs:
         build_world(s, base)  # reads the profiles
         notes += [n for n in check_workload(s, source, seed) if n not in notes]
+    return notes
+
+
+def preflight_each(runs: list[tuple[str, ScenarioSpec, int | None]], source: Path) -> list[str]:
+    """`preflight` of every run a study will make (a sweep's points, optimize's loads), before any starts,
+    so a bad trace or a workload too big is refused up front rather than by a worker midway. `runs` are
+    (label, spec, seed); runs sharing their workload, pools and seed are checked once, and each problem is
+    reported once, labelled with the first run it was found in."""
+    notes: list[str] = []
+    problems: list[str] = []
+    seen_runs: set[str] = set()
+    seen_problems: set[str] = set()
+    for label, spec, seed in runs:
+        drawn = spec.model_dump(mode="json", include={"workload", "pools", "variants"})
+        key = json.dumps([drawn, len(spec.policies), seed], sort_keys=True, default=str)
+        if key in seen_runs:
+            continue
+        seen_runs.add(key)
+        try:
+            notes += [n for n in preflight(spec, source.parent, source, seed) if n not in notes]
+        except InputError as e:
+            new = [line for line in e.problems if line not in seen_problems]
+            seen_problems.update(new)
+            problems += [f"{label}: {line}" if label else line for line in new]
+    if problems:
+        more = [f"... and {len(problems) - MAX_PROBLEMS} more"] if len(problems) > MAX_PROBLEMS else []
+        raise InputError(problems[:MAX_PROBLEMS] + more)
     return notes
 
 

@@ -66,10 +66,11 @@ def gateway(
     try:
         overrides = parse_assignments(set_)
         path = resolve_scenario(scenario)
-        spec, base = load_scenario(path, overrides)
+        # the gateway draws no workload: a trace the scenario replays need not be on this machine
+        spec, base = load_scenario(path, overrides, workload_traces=False)
         if profile:
             overrides |= profile_overrides(profile, [p.name for p in spec.pools])
-            spec, base = load_scenario(path, overrides)
+            spec, base = load_scenario(path, overrides, workload_traces=False)
         settings = serve_settings(spec, base, backend, policy, path)
         listener = listen(host, port)
     except InputError as e:

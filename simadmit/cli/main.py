@@ -69,7 +69,7 @@ def simulate(
         path = resolve_scenario(scenario)
         spec, base = load_scenario(path, parse_assignments(set_))
         notes = preflight(spec, base, path, seed)  # profiles, traces and sizes: checked before anything runs
-        check_destination(out, replace=True)
+        check_destination(out, replace=True, command="simulate")
     except InputError as e:
         fail(e.problems)
         return

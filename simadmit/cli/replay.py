@@ -82,7 +82,9 @@ def replay_command(
             normalize_base_url(server, "--server")
         if _holds_a_run(out):
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
-        check_destination(out, replace=False)  # before sending anything: a run cannot be sent twice
+        check_destination(
+            out, replace=False, command="replay"
+        )  # before sending anything: a run cannot be sent twice
         plan = make_plan(spec, base, seed)
     except InputError as e:
         fail(e.problems)
@@ -182,11 +184,7 @@ def compare_command(
     """The fidelity report: per tier and measure, simulated vs real (mean and range over the real runs)."""
     try:
         if out is not None:
-            if _holds_a_run(out):
-                raise InputError(
-                    [problem(out, None, "holds a run: give --out a folder of its own for the report")]
-                )
-            check_destination(out, replace=False)
+            check_destination(out, replace=False, command="compare")
         reals = run_dirs(real_dirs)
         sim = _runs(sim_dir, policy)
         real_by_dir = [(d, _runs(d, None)) for d in reals]

@@ -19,10 +19,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail
+from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight_each, print_notes
 from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError
-from simadmit.config.loading import load_scenario
+from simadmit.config.loading import load_scenario, scenario_from_dict
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
@@ -93,10 +93,22 @@ def sweep(
         check_seed(seed, replications)
         path = resolve_scenario(scenario)
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
-        check_destination(out, replace=False)
+        check_destination(out, replace=False, command="sweep")
+        notes = preflight_each(
+            [
+                (
+                    f"point {dict(point)}" if point else "",
+                    scenario_from_dict(plan.document, path, dict(point)),
+                    seeds[0],
+                )
+                for point, seeds in zip(plan.points, plan.seeds, strict=True)
+            ],
+            path,
+        )  # every point's traces and size, before any point runs
     except InputError as e:
         fail(e.problems)
         return
+    print_notes(notes)
     started = time.monotonic()
     units = len(plan.units())
     saved: list[int] = []
@@ -233,7 +245,7 @@ def optimize_cmd(
     try:
         check_seed(seed, replications + fresh_seeds)
         overrides = parse_assignments(set_)
-        check_destination(out, replace=False)
+        check_destination(out, replace=False, command="optimize")
     except InputError as e:
         problems += e.problems
     if problems:
@@ -241,6 +253,18 @@ def optimize_cmd(
         return
     config = SearchConfig(load_values, replications, seed, rounds, candidates, jobs, fresh_seeds)
     path = resolve_scenario(scenario)
+    try:  # the scenario's traces and size at every load, before any simulation
+        base_rate = load_scenario(path, overrides)[0].workload.rate_multiplier
+        at_loads = [{**overrides, "workload.rate_multiplier": base_rate * x} for x in load_values]
+        runs = [
+            (f"--loads {x:g}", load_scenario(path, o)[0], seed)
+            for x, o in zip(load_values, at_loads, strict=True)
+        ]
+        notes = preflight_each(runs, path)
+    except InputError as e:
+        fail(e.problems)
+        return
+    print_notes(notes)
     started = time.monotonic()
     with UnitProgress("simulations", 1) as bar:
         results = _run_resumable(

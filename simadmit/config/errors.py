@@ -9,6 +9,8 @@ from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.text import Text
 
 
 class InputError(Exception):
@@ -22,6 +24,15 @@ class InputError(Exception):
         # Rebuilt from its lines when it crosses from a worker process to the command: by default pickle
         # would call __init__ with the joined message (one problem per character) and patch it afterwards.
         return (type(self), (self.problems,))
+
+
+def print_problems(problems: Iterable[str]) -> None:
+    """Each problem on its own `error:` line on stderr, as written: `a:b:3` is no emoji code, `[x]` no markup.
+
+    Every command prints its input errors through this, so they all read alike."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    for line in problems:
+        err.print(Text.assemble(("error:", "red"), " ", line))
 
 
 def problem(source: str | Path | None, field: str | None, message: str) -> str:
@@ -41,6 +52,8 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
+            msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))
     return lines
 
@@ -82,3 +95,15 @@ def read_yaml(path: str | Path, what: str) -> object:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+
+
+def read_mapping(path: str | Path, what: str) -> dict:
+    """`read_yaml` of a file that must hold a mapping (a scenario, a profile): an empty file, a list or a
+    lone value is one line saying so."""
+    data = read_yaml(path, what)
+    if data is None:
+        raise InputError([problem(path, None, f"empty file: a {what} is a YAML mapping of its fields")])
+    if not isinstance(data, dict):
+        found = "a list" if isinstance(data, list) else f"a single value ({type(data).__name__})"
+        raise InputError([problem(path, None, f"a {what} must be a YAML mapping of its fields, not {found}")])
+    return data

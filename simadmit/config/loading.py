@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
+from simadmit.config.errors import InputError, problem, pydantic_problems, read_mapping
 from simadmit.config.overrides import apply_overrides
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
@@ -27,19 +27,26 @@ from simadmit.config.schema import (
 from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, TraceFileSpec
 
 
-def load_scenario(path: str | Path, overrides: dict[str, object] | None = None) -> tuple[ScenarioSpec, Path]:
+def load_scenario(
+    path: str | Path, overrides: dict[str, object] | None = None, workload_traces: bool = True
+) -> tuple[ScenarioSpec, Path]:
     """Read, validate and return a scenario with the directory its relative paths are resolved against."""
     path = Path(path)
-    data = read_yaml(path, "scenario")
-    if not isinstance(data, dict):
-        raise InputError([problem(path, None, "a scenario must be a YAML mapping")])
-    return scenario_from_dict(data, path, overrides), path.parent
+    data = read_mapping(path, "scenario")
+    return scenario_from_dict(data, path, overrides, workload_traces), path.parent
 
 
 def scenario_from_dict(
-    data: dict[str, object], source: str | Path | None = None, overrides: dict[str, object] | None = None
+    data: dict[str, object],
+    source: str | Path | None = None,
+    overrides: dict[str, object] | None = None,
+    workload_traces: bool = True,
 ) -> ScenarioSpec:
-    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first."""
+    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first.
+
+    `workload_traces=False` leaves the workload's trace files unchecked (and their paths as written), for
+    a caller that never draws the workload (the live gateway); the pools' own traces are always checked.
+    """
     data = apply_overrides(data, overrides or {})
     spec = _validate(data, source)
     for i, variant in enumerate(spec.variants):
@@ -51,13 +58,13 @@ def scenario_from_dict(
             ) from None
     base = Path(source).parent if source is not None else Path(".")
     missing = [
-        problem(source, f"pools.{i}.profile", f"profile {p.profile!r} not found")
+        problem(source, f"pools.{i}.profile", _not_found("profile", p.profile, base))
         for i, p in enumerate(spec.pools)
         if resolve_profile(p.profile, base) is None
     ]
-    traces = trace_refs(spec)
+    traces = [(w, t) for w, t in trace_refs(spec) if workload_traces or not w.startswith("workload.")]
     missing += [
-        problem(source, f"{where}.path", f"trace {t.path!r} not found")
+        problem(source, f"{where}.path", _not_found("trace", t.path, base))
         for where, t in traces
         if resolve_trace(t.path, base) is None
     ]
@@ -78,6 +85,14 @@ def scenario_from_dict(
             {f"{where}.path": str(resolve_trace(t.path, base)) for where, t in traces},
         )
     )
+
+
+def _not_found(what: str, ref: str, base: Path) -> str:
+    """Why a profile or trace reference leads to no file: a folder by that name, or nothing at all."""
+    path = Path(ref) if Path(ref).is_absolute() else base / ref
+    if path.is_dir():
+        return f"{what} {ref!r} is a folder, not a {what} file"
+    return f"{what} {ref!r} not found"
 
 
 def _validate(data: object, source: str | Path | None) -> ScenarioSpec:
@@ -106,7 +121,8 @@ def _engine_against_profile(engine: object, profile_path: Path | None) -> str | 
 
 
 def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:
-    """Every trace file the scenario reads, with its field path."""
+    """Every trace file the scenario reads, with its field path: the workload's, then the pools' (service
+    times and cold starts drawn from a trace's lengths)."""
     w = spec.workload
     refs: list[tuple[str, TraceFileSpec]] = []
     if w.trace is not None:
@@ -118,6 +134,12 @@ def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:
             dist = getattr(t, field_name)
             if isinstance(dist, EmpiricalSpec) and dist.trace is not None:
                 refs.append((f"workload.tiers.{i}.{field_name}.trace", dist.trace))
+    for i, p in enumerate(spec.pools):
+        dists = {"engine.service_time": getattr(p.engine, "service_time", None)}
+        dists["autoscaler.cold_start_s"] = p.autoscaler.cold_start_s if p.autoscaler else None
+        for where, dist in dists.items():
+            if isinstance(dist, EmpiricalSpec) and dist.trace is not None:
+                refs.append((f"pools.{i}.{where}.trace", dist.trace))
     return refs
 
 

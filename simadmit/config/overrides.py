@@ -63,6 +63,8 @@ def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]
     for dotted, value in overrides.items():
         node: object = document
         keys = dotted.split(".")
+        if "" in keys:
+            raise InputError([problem("--set", dotted, "a path has no empty part: write a.b.c")])
         for depth, key in enumerate(keys):
             last = depth == len(keys) - 1
             if isinstance(node, list):

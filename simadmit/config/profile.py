@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
+from simadmit.config.errors import InputError, problem, pydantic_problems, read_mapping
+from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS, Spec
 
 
-class _StepTimeModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _StepTimeModel(Spec):
     overhead_s: float = Field(ge=0, description="fixed cost of one engine iteration")
     per_prefill_token_s: float = Field(ge=0, description="cost of each prompt token computed in the step")
     per_decode_seq_s: float = Field(ge=0, description="cost of each sequence decoding one token in the step")
@@ -45,23 +45,20 @@ class _StepTimeModel(BaseModel):
     )
 
 
-class _EngineLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _EngineLimits(Spec):
     max_num_seqs: int = Field(gt=0, description="most sequences in one batch (vLLM --max-num-seqs)")
     max_num_batched_tokens: int = Field(
         gt=0, description="token budget of one step (vLLM default 8192 on H100)"
     )
-    max_model_len: int = Field(gt=0, description="longest prompt + output the server accepts")
+    max_model_len: int = Field(gt=0, le=MAX_TOKENS, description="longest prompt + output the server accepts")
 
 
-class _Summary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Summary(Spec):
     prefill_tokens_per_gpu_s: float = Field(gt=0, description="prompt tokens per GPU-second at saturation")
     decode_tokens_per_gpu_s: float = Field(gt=0, description="output tokens per GPU-second at full batch")
 
 
-class _ProfileFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _ProfileFile(Spec):
     model: str
     gpu: str
     gpus_per_replica: int = Field(default=1, gt=0, description="GPUs one replica spans (tensor x pipeline)")
@@ -237,10 +234,24 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
                 )
             ]
         )
+    step = StepTimeModel(**p.step_time.model_dump())
+    longest = _longest_request_s(step, p.engine)
+    if not longest <= MAX_SECONDS:
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "step_time",
+                    f"one request filling the context (engine.max_model_len, {p.engine.max_model_len} tokens) "
+                    f"would take {longest:.3g} s alone on an idle replica: at most {MAX_SECONDS:g} s (a "
+                    "coefficient is far too large: they are seconds per step, token or sequence)",
+                )
+            ]
+        )
     return Profile(
         model=p.model,
         gpu=p.gpu,
-        step_time=StepTimeModel(**p.step_time.model_dump()),
+        step_time=step,
         kv_capacity_tokens=p.kv_capacity_tokens,
         engine=EngineLimits(**p.engine.model_dump()),
         prefill_tokens_per_gpu_s=p.summary.prefill_tokens_per_gpu_s,
@@ -255,10 +266,16 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
     )
 
 
+def _longest_request_s(step: StepTimeModel, limits: _EngineLimits) -> float:
+    """The longer of the two requests that fill the context alone: all prompt, or one token then all output."""
+    budget, context = limits.max_num_batched_tokens, limits.max_model_len
+    return max(solo_service_s(step, budget, context), solo_service_s(step, budget, 1, context - 1))
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a calibration profile YAML file."""
     path = Path(path)
-    data = read_yaml(path, "calibration profile")
+    data = read_mapping(path, "calibration profile")
     return profile_from_dict(data, path)
 
 

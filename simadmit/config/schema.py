@@ -412,26 +412,6 @@ class ScenarioSpec(Spec):
     clients: ClientSpec = ClientSpec()
     policies: list[PolicySpec] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> ScenarioSpec:
-        tiers = {t.name for t in self.workload.tiers}
-        served: set[str] = set()
-        for pool in self.pools:
-            unknown = set(pool.tiers or []) - tiers
-            if unknown:
-                raise ValueError(f"pool {pool.name!r} serves unknown tiers {sorted(unknown)}")
-            served |= set(pool.tiers or tiers)
-        if tiers - served:
-            raise ValueError(f"no pool serves tiers {sorted(tiers - served)}")
-        http = self.gateway.http
-        named = set(http.api_keys.values()) | ({http.default_tier} if http.default_tier else set())
-        if named - tiers:
-            raise ValueError(f"gateway.http names unknown tiers {sorted(named - tiers)}")
-        names = [policy_name(p) for p in self.policies]
-        if len(set(names)) != len(names):
-            raise ValueError(f"policy names must be unique (set name:), got {names}")
-        return self
-
 
 def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     """Rules across sections, as (field path, message): names that must match, limits that must agree.
@@ -439,7 +419,33 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     Kept out of the model validators so that each problem names its own field, and all are reported at once.
     """
     tiers = [t.name for t in spec.workload.tiers]
+    known = f"tiers: {', '.join(tiers)}"
     out: list[tuple[str, str]] = []
+    for i, pool in enumerate(spec.pools):
+        out += [(f"pools.{i}.tiers", f"no tier {t!r} ({known})") for t in pool.tiers or [] if t not in tiers]
+    served = {t for pool in spec.pools for t in pool.tiers or tiers}
+    out += [
+        ("pools", f"no pool serves tier {t!r}: list it under a pool's tiers")
+        for t in tiers
+        if t not in served
+    ]
+    http = spec.gateway.http
+    out += [  # the key itself is a secret: never printed
+        ("gateway.http.api_keys", f"an API key maps to no tier {tier!r} ({known})")
+        for tier in dict.fromkeys(http.api_keys.values())
+        if tier not in tiers
+    ]
+    if http.default_tier is not None and http.default_tier not in tiers:
+        out.append(("gateway.http.default_tier", f"no tier {http.default_tier!r} ({known})"))
+    names = [policy_name(p) for p in spec.policies]
+    out += [
+        (
+            f"policies.{i}",
+            f"policy name {name!r} is taken by policies.{names.index(name)}: set name: to tell them apart",
+        )
+        for i, name in enumerate(names)
+        if names.index(name) != i
+    ]
     default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
     for i, p in enumerate(spec.policies):
         if not isinstance(p, GpuSecondsSpec):

@@ -7,6 +7,8 @@ model is frozen and forbids unknown fields, so a misspelled key is reported rath
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -14,13 +16,46 @@ from pydantic_core import PydanticCustomError
 
 
 class Spec(BaseModel):
-    """Base of every scenario model: immutable, unknown fields are an error, and numbers are finite.
+    """Base of every scenario and profile model: immutable, unknown fields are an error, and numbers are
+    finite numbers, never `true`/`false` (which pydantic would read as 1 and 0).
 
     A field where infinity means something ("no end", "no limit") says so with `allow_inf_nan=True`; NaN
     is still refused there by its bound (NaN is not greater than anything).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: object) -> object:
+        """`true` where a number goes is an error at that field (`pydantic_problems` words it)."""
+        if not isinstance(data, dict):
+            return data
+        flagged = {
+            key: BooleanInput(value)
+            for key, value in data.items()
+            if isinstance(value, bool)
+            and key in cls.model_fields
+            and _numeric(cls.model_fields[key].annotation)
+        }
+        return {**data, **flagged} if flagged else data
+
+
+class BooleanInput:
+    """A `true`/`false` given where a number goes: no number type accepts it, so validation fails there."""
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return str(self.value).lower()
+
+
+def _numeric(annotation: object) -> bool:
+    """A field of int or float (perhaps optional), where pydantic would read true as 1."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kinds = typing.get_args(annotation) if union else (annotation,)
+    return bool not in kinds and any(k in (int, float) for k in kinds)
 
 
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
@@ -271,10 +306,14 @@ class WorkloadSpec(Spec):
     @field_validator("rate_rps")
     @classmethod
     def _rate_needed(cls, v: float | None, info: ValidationInfo) -> float | None:
-        synthetic = info.data.get("trace") is None and not isinstance(
-            info.data.get("arrival"), FitArrivalSpec
-        )
-        if v is None and synthetic and "arrival" in info.data:
+        # a trace or arrival section that failed validation is not in info.data: no second error for it
+        synthetic = "trace" in info.data and info.data["trace"] is None
+        if (
+            v is None
+            and synthetic
+            and "arrival" in info.data
+            and not isinstance(info.data["arrival"], FitArrivalSpec)
+        ):
             raise PydanticCustomError("missing", "required field is missing")
         return v
 

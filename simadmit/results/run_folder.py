@@ -25,14 +25,40 @@ Writer = Callable[[Path], None]  # writes one file at the path it is given
 _OURS = (".parquet", ".csv", ".json", ".yaml", ".png", ".svg")  # what a run folder and `plot` leave
 
 
-def check_destination(out: Path, replace: bool) -> None:
-    """Raise `InputError` (`out: why`) when `out` cannot receive the outputs; creates nothing.
+def held_run(folder: Path) -> str | None:
+    """The command whose run (or report) `folder` holds: its manifest's, else what its files show (a
+    replay, a compare report, a sweep or optimize whose manifest an interrupted update removed); None when
+    it holds none."""
+    if not folder.is_dir():
+        return None
+    if (folder / MANIFEST).is_file():
+        try:
+            command = json.loads((folder / MANIFEST).read_text()).get("command")
+        except (OSError, ValueError, AttributeError):
+            command = None  # a damaged manifest: the readers refuse the folder
+        return None if command is None else str(command)
+    signs = {
+        "replay": ("replay.json", "requests.parquet", "repeat-1/requests.parquet"),
+        "compare": ("compare.json",),
+        "sweep": ("sweep.csv", "sweep.parquet"),
+        "optimize": ("optimize.csv", "optimize.parquet"),
+    }
+    return next((cmd for cmd, names in signs.items() if any((folder / n).exists() for n in names)), None)
+
+
+def check_destination(out: Path, replace: bool, command: str | None = None) -> None:
+    """Raise `InputError` (`out: why`) when `out` cannot receive the outputs of `command`; creates nothing.
 
     `replace`: the folder is replaced whole (its temporary twin is made beside it), so it may hold only
-    files simadmit writes: a folder of other files is never swapped out from under its owner.
+    files simadmit writes: a folder of other files is never swapped out from under its owner. A folder
+    holding another command's run is refused either way, so runs are never mixed nor replaced by another
+    kind (a run of `command` itself is replaced, or resumed).
     """
     if out.exists() and not out.is_dir():
         raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
+    held = held_run(out)
+    if held is not None and held != command:
+        raise InputError([problem(out, None, f"holds a {held} run: give --out a folder of its own")])
     if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
     where = out.parent if replace else out

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simadmit.config.errors import InputError, problem, read_yaml
+from simadmit.config.errors import InputError, problem, read_mapping
 from simadmit.config.loading import scenario_from_dict
 from simadmit.config.overrides import apply_overrides
 from simadmit.config.schema import policy_name
@@ -281,9 +281,7 @@ def optimize(
     anything runs.
     """
     overrides = overrides or {}
-    raw = read_yaml(scenario, "scenario")
-    if not isinstance(raw, dict):
-        raise InputError([problem(scenario, None, "a scenario must be a YAML mapping")])
+    raw = read_mapping(scenario, "scenario")
     spec = scenario_from_dict(raw, scenario, overrides)
     document = apply_overrides(raw, overrides)
     raw_policies: list[object] = list(document["policies"])  # type: ignore[call-overload]

@@ -33,6 +33,7 @@ import pandas as pd
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.resources import TRACE_SUFFIXES
+from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
 MAX_LISTED = 10  # malformed rows listed one per line; the rest are counted
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6}
@@ -112,10 +113,23 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
         raise InputError([*problems[:MAX_LISTED], *more])
     good = np.ones(len(where), dtype=bool)
     good[list(bad)] = False
-    frame = _replay(pd.DataFrame({k: v[good] for k, v in parsed.items()}), options)
+    with np.errstate(over="ignore", divide="ignore"):  # a span too long for the timeline is refused below
+        frame = _replay(pd.DataFrame({k: v[good] for k, v in parsed.items()}), options)
     if frame.empty:
         raise InputError(
             [problem(path, None, "no requests left after malformed rows, the time window and sampling")]
+        )
+    span = float(frame["arrival_s"].iloc[-1])
+    if not span <= MAX_SECONDS:
+        raise InputError(
+            [
+                problem(
+                    path,
+                    None,
+                    f"its requests span {span:.3g} s as replayed (after speedup): at most {MAX_SECONDS:g} s "
+                    "(11.6 days); set end_s, or a larger speedup",
+                )
+            ]
         )
     return TraceLoad(frame, len(problems), tuple(problems[:MAX_LISTED]), path)
 
@@ -237,6 +251,7 @@ def _parse(
     parsed = {}
     for field, name in fields.items():
         values = raw[name]
+        too_big = np.zeros(len(values), dtype=bool)
         if field == "arrival":
             arr, ok = _times(values, unit)
             what = "is not a date-time" if unit == "datetime" else "is not a finite number"
@@ -245,12 +260,15 @@ def _parse(
             ok, what = arr != "", "is not a non-empty string"
         else:
             num = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
-            ok = np.isfinite(num) & (num == np.round(num)) & (num >= 1)
+            too_big = np.isfinite(num) & (num > MAX_TOKENS)  # longer than any context: a typo or garbage
+            ok = np.isfinite(num) & (num == np.round(num)) & (num >= 1) & ~too_big
             arr, what = np.where(ok, num, 1).astype(np.int64), "is not a whole number >= 1"
         parsed[field] = arr
         for j in np.flatnonzero(~ok):
             v = values[j]
             text = "is missing" if _is_missing(v) else f"{v!r} {what}"
+            if too_big[j]:
+                text = f"{v!r} is more than {MAX_TOKENS:,} tokens"
             bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
 

@@ -70,6 +70,7 @@ class _ProfileFile(Spec):
     api_latency_s: float = Field(
         default=0.0,
         ge=0,
+        le=MAX_SECONDS,
         description="seconds a request spends outside the engine (API server in and out): added to what a "
         "client sees of its TTFT and end-to-end latency, no engine time",
     )

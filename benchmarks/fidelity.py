@@ -251,7 +251,8 @@ def refit(out: Path) -> Path:
     profile = load_profile(out / "profile.yaml")
     rows = read_measurements(out / "profile.measurements.csv")
     obs, _ = observations(rows, profile.engine.max_num_batched_tokens)
-    fit = fit_step_model(obs)
+    measured = profile.fit.get("ttft_offset_source") == "measured"  # then the latency stays as measured
+    fit = fit_step_model(obs, ttft_offset_s=profile.api_latency_s if measured else None)
     prefill, decode = summary_figures(
         fit.step, profile.engine, profile.kv_capacity_tokens, profile.gpus_per_replica
     )

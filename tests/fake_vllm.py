@@ -26,10 +26,19 @@ METRICS = (
 class FakeVllm:
     """`with FakeVllm(then="hang", ok_first=5) as server:` serves on `server.url` until the block ends."""
 
-    def __init__(self, then: str = "ok", ok_first: int = 0, token_s: float = 0.001) -> None:
+    def __init__(
+        self, then: str = "ok", ok_first: int = 0, token_s: float = 0.001, prefill_s: float | None = None,
+        outside_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        """`prefill_s`: each completion's engine time before its first token, published as vLLM V1's
+        queue and prefill histograms (None: no such histograms); `outside_s` more pass before the first token
+        outside those clocks (an API server's way in and out)."""
         self.then = then
         self.ok_first = ok_first
         self.token_s = token_s
+        self.prefill_s = prefill_s
+        self.outside_s = outside_s
+        self.finished = 0  # completions that sent their last token
         self.completions = 0
         self.first_request_at: float | None = None  # time.monotonic() of the first request served
         self.stopping = threading.Event()
@@ -83,7 +92,7 @@ class FakeVllm:
                 elif self.path == "/version":
                     self._json({"version": "fake"})
                 elif self.path == "/metrics":
-                    body = METRICS.encode()
+                    body = (METRICS + fake.engine_histograms()).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain")
                     self.send_header("Content-Length", str(len(body)))
@@ -117,6 +126,7 @@ class FakeVllm:
                 prompt = request.get("prompt")
                 prompt_tokens = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt)) // 4)
                 tokens = int(request.get("max_tokens", 1))
+                time.sleep((fake.prefill_s or 0.0) + fake.outside_s)
                 for i in range(tokens):
                     chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -127,6 +137,20 @@ class FakeVllm:
                     f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
                 )
                 self.wfile.flush()
+                with fake._lock:
+                    fake.finished += 1
                 self.close_connection = True
 
         return Handler
+
+    def engine_histograms(self) -> str:
+        """vLLM V1's engine-clock histograms (sum and count only), if this fake publishes them."""
+        if self.prefill_s is None:
+            return ""
+        n = self.finished
+        return (
+            f'vllm:request_queue_time_seconds_sum{{engine="0"}} 0.0\n'
+            f'vllm:request_queue_time_seconds_count{{engine="0"}} {n}.0\n'
+            f'vllm:request_prefill_time_seconds_sum{{engine="0"}} {n * self.prefill_s}\n'
+            f'vllm:request_prefill_time_seconds_count{{engine="0"}} {n}.0\n'
+        )

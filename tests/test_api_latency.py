@@ -4,14 +4,17 @@ engine time: admission, batching and the engine's own times are those of a serve
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import yaml
 
 from simadmit.admission.view import EngineModel, ReplicaLoad
-from simadmit.calibrate.client import Endpoint
+from simadmit.calibrate.api_latency import measure_api_latency
+from simadmit.calibrate.client import Endpoint, discover
 from simadmit.calibrate.fit import fit_step_model
 from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.run import CalibrationConfig, build_profile
@@ -21,6 +24,7 @@ from simadmit.config.profile import load_profile, save_profile, solo_service_s
 from simadmit.fleet.engine_replay import replay_on_profile
 from simadmit.sim.world import build_world
 from simadmit.study.runner import run_scenario
+from tests.fake_vllm import FakeVllm
 from tests.helpers import PROFILE, ROOT
 from tests.test_calibrate_fit import TRUE, synthetic
 from tests.test_invariants import _small_doc
@@ -98,3 +102,31 @@ def test_a_gateway_predicts_the_ttft_its_clients_will_see(tmp_path: Path, runnin
         for x in (0.0, LATENCY)
     )
     assert with_it - without == pytest.approx(LATENCY, abs=1e-12)
+
+
+def _measured(**fake: float | None) -> float | None:
+    async def run(url: str) -> float | None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await measure_api_latency(client, await discover(client, url, None), requests=6)
+
+    with FakeVllm(**fake) as server:  # type: ignore[arg-type]
+        return asyncio.run(run(server.url))
+
+
+def test_calibration_reads_the_latency_outside_the_engine_off_the_servers_clocks() -> None:
+    """Against a server whose engine clocks say 30 ms of a lone request's TTFT and whose first token comes
+    20 ms later still, the latency measured is those 20 ms and what loopback HTTP adds (never less); a
+    server without the engine's histograms gets no measurement (the fit's offset stands in)."""
+    measured = _measured(prefill_s=0.03, outside_s=0.02)
+    assert measured is not None and 0.02 <= measured <= 0.02 + 0.03, measured
+    assert _measured(prefill_s=None, outside_s=0.02) is None
+
+
+def test_a_measured_offset_is_taken_as_it_is_and_the_steps_fitted_around_it() -> None:
+    """Given the true TTFT offset, the fit keeps it and recovers the step coefficients exactly from
+    noiseless data; given another, it keeps that one (the steps then absorb the difference)."""
+    obs = synthetic(np.random.default_rng(2), noise=0.0)
+    exact = fit_step_model(obs, ttft_offset_s=float(TRUE[6]))
+    assert exact.ttft_offset_s == TRUE[6]
+    assert np.allclose(exact.coefficients()[:5], TRUE[:5], rtol=1e-6, atol=1e-12)
+    assert fit_step_model(obs, ttft_offset_s=0.05).ttft_offset_s == 0.05

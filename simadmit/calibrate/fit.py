@@ -9,8 +9,9 @@ Each measurement becomes a sum of engine steps:
   requests (found from their first tokens) carry those prompt tokens and their attention.
 Each step's linear layers cost max(weights_read_s, their arithmetic), as the simulated engine charges it
 (`StepTimeModel`): given which steps are memory-bound the sum is linear in the coefficients, so the fit
-alternates between sorting the steps and solving least squares (`_roofline`). The TTFT offset is a nuisance
-coefficient, free in sign, so it does not leak into the step costs, which the decode windows pin down. Rows
+alternates between sorting the steps and solving least squares (`_roofline`). The TTFT offset is the latency
+outside the engine: measured from the server's own clocks when it can be (`calibrate.api_latency`) and then
+taken as it is; otherwise fitted, free in sign, so it does not leak into the step costs. Rows
 are weighted by 1/observed so a 0.2 s TTFT counts as much as a 5 s decode window (the fit minimises relative
 error), and coefficients are constrained to be non-negative, as the profile requires.
 
@@ -360,16 +361,23 @@ def _design(obs: Sequence[Observation], step: StepTimeModel) -> np.ndarray:
     return x
 
 
-def _solve(obs: Sequence[Observation], step: StepTimeModel, roofline: bool) -> tuple[StepTimeModel, float]:
-    """Least squares on relative error with each step sorted as `step` prices it."""
+def _solve(
+    obs: Sequence[Observation], step: StepTimeModel, roofline: bool, offset: float | None = None
+) -> tuple[StepTimeModel, float]:
+    """Least squares on relative error with each step sorted as `step` prices it; the TTFT offset is
+    fitted (free in sign) unless it is known (`offset`: measured, then each TTFT less it is fitted)."""
     x = _design(obs, step)
     y = np.array([o.seconds for o in obs], dtype=float)
-    columns = [j for j in range(len(COEFFICIENTS)) if roofline or j != WEIGHTS]
+    columns = [
+        j for j in range(len(COEFFICIENTS)) if (roofline or j != WEIGHTS) and (offset is None or j != OFFSET)
+    ]
+    target = np.ones_like(y) if offset is None else 1.0 - offset * x[:, OFFSET] / y
     coef = np.zeros(len(COEFFICIENTS))
-    coef[columns] = nonnegative_least_squares(
-        x[:, columns] / y[:, None], np.ones_like(y), free=[columns.index(OFFSET)]
+    free = [columns.index(OFFSET)] if offset is None else []
+    coef[columns] = nonnegative_least_squares(x[:, columns] / y[:, None], target, free=free)
+    return StepTimeModel(*(float(c) for c in coef[:OFFSET])), float(
+        coef[OFFSET] if offset is None else offset
     )
-    return StepTimeModel(*(float(c) for c in coef[:OFFSET])), float(coef[OFFSET])
 
 
 def _relative_cost(obs: Sequence[Observation], step: StepTimeModel, offset: float) -> float:
@@ -377,7 +385,7 @@ def _relative_cost(obs: Sequence[Observation], step: StepTimeModel, offset: floa
 
 
 def _roofline(
-    obs: Sequence[Observation], linear: StepTimeModel, linear_offset: float
+    obs: Sequence[Observation], linear: StepTimeModel, linear_offset: float, known_offset: float | None
 ) -> tuple[StepTimeModel, float]:
     """The least-squares step model with the weights' read as the floor of its linear layers.
 
@@ -397,16 +405,19 @@ def _roofline(
             if new_sorting == sorting:
                 break
             sorting = new_sorting
-            step, offset = _solve(obs, step, roofline=True)
+            step, offset = _solve(obs, step, roofline=True, offset=known_offset)
         cost = _relative_cost(obs, step, offset)
         if cost < best[0]:
             best = (cost, step, offset)
     return best[1], best[2]
 
 
-def fit_step_model(obs: Sequence[Observation], roofline: bool = True) -> FitResult:
+def fit_step_model(
+    obs: Sequence[Observation], roofline: bool = True, ttft_offset_s: float | None = None
+) -> FitResult:
     """Fit the step coefficients and the per-request latency on the points not held out, and report the
-    error on the held-out ones; needs at least one point to fit.
+    error on the held-out ones; needs at least one point to fit. A measured latency outside the engine
+    (`ttft_offset_s`) is taken as it is rather than fitted, so it cannot absorb what the step model misses.
 
     With `roofline`, the weights' read (`weights_read_s`) is fitted too, and kept only where it predicts
     the held-out points better than the linear model does (or, with none held out, fits better): the floor
@@ -416,9 +427,9 @@ def fit_step_model(obs: Sequence[Observation], roofline: bool = True) -> FitResu
     test = [o for o in obs if o.held_out]
     if not train:
         raise ValueError("no observations to fit")
-    step, offset = _solve(train, StepTimeModel(0, 0, 0, 0), roofline=False)
+    step, offset = _solve(train, StepTimeModel(0, 0, 0, 0), roofline=False, offset=ttft_offset_s)
     if roofline:
-        floor, floor_offset = _roofline(train, step, offset)
+        floor, floor_offset = _roofline(train, step, offset, ttft_offset_s)
         judge = test or train
         gain = _relative_cost(judge, step, offset) - _relative_cost(judge, floor, floor_offset)
         if gain > 1e-9 * len(judge):  # better by more than rounding

@@ -77,6 +77,16 @@ def parse_gauges(text: str) -> EngineGauges:
     return EngineGauges(running=running, waiting=waiting, kv_usage=max(usage, default=0.0))
 
 
+def histogram_totals(text: str, names: tuple[str, ...]) -> dict[str, tuple[float, float] | None]:
+    """(sum, count) of each histogram named, over every engine; None for one the server does not expose."""
+    out: dict[str, tuple[float, float] | None] = {}
+    for name in names:
+        sums = [v for _, v in _samples(text, f"{name}_sum")]
+        counts = [v for _, v in _samples(text, f"{name}_count")]
+        out[name] = (sum(sums), sum(counts)) if sums and counts else None
+    return out
+
+
 async def scrape(client: httpx.AsyncClient, base_url: str) -> str:
     response = await client.get(f"{base_url}/metrics")
     response.raise_for_status()

@@ -18,6 +18,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from simadmit.calibrate.api_latency import measure_api_latency
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
 from simadmit.calibrate.deadline import Stalls, stall_after_s
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
@@ -263,7 +264,8 @@ def _measured_figures(rows: list[Measurement], cells: list[Cell], gpus: int) -> 
 
 
 def api_latency_s(fit: FitResult) -> float:
-    """The latency outside the engine a profile carries: the fit's TTFT offset, which no server has below zero."""
+    """The latency outside the engine a profile carries: the fit's TTFT offset (measured, or fitted where
+    the server's clocks could not be read), which no server has below zero."""
     return float(f"{max(0.0, fit.ttft_offset_s):.4g}")
 
 
@@ -311,17 +313,25 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
             f"endpoint {endpoint.base_url}: model {endpoint.model}, context {endpoint.max_model_len} tokens, "
             f"KV cache {cache.capacity_tokens} tokens ({cache.num_blocks} blocks x {cache.block_size}), vLLM {endpoint.vllm_version}"
         )
+        latency = await measure_api_latency(client, endpoint)  # on the idle server, before the load
+        console.print(
+            f"API server latency (outside the engine): {1e3 * latency:.1f} ms, median of lone requests"
+            if latency is not None
+            else "API server latency not measured (no engine queue/prefill histograms): fitted as the TTFT offset",
+            markup=False, highlight=False,
+        )  # fmt: skip
         runner, sampler, overhead = await _run_plan(cfg, client, endpoint, cache, console)
     csv_path = measurements_path(cfg.out)
     rows = read_measurements(csv_path)
     obs, discarded = observations(rows, cfg.max_num_batched_tokens)
     if not obs:
         raise InputError([problem(csv_path, None, "no successful measurements to fit")])
-    fit = fit_step_model(obs)
+    fit = fit_step_model(obs, ttft_offset_s=latency)
     warnings = fit_warnings(fit, obs)
     cells = plan(cfg, endpoint, cache)
     faults = dict(runner.stats.faults)
-    extra = {
+    extra: dict[str, object] = {
+        "ttft_offset_source": "measured" if latency is not None else "fitted",
         "discarded_as_burst_delivery": discarded,
         "measured": _measured_figures(rows, cells, cfg.gpus),
         "server_metrics": sampler.summary(),

@@ -30,11 +30,7 @@ from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
 from simadmit.loadgen.tables import OUTCOME, write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
 from simadmit.results.compare_plots import cdf_files
-from simadmit.results.run_folder import Writer, add_files, check_destination, write_text
-
-
-def _holds_a_run(out: Path) -> bool:
-    return (out / "requests.parquet").exists() or any(out.glob("repeat-*/requests.parquet"))
+from simadmit.results.run_folder import Writer, add_files, check_destination, held_run, write_text
 
 
 def replay_command(
@@ -80,11 +76,9 @@ def replay_command(
             raise InputError([problem(None, "--endpoint", f"{twice[0]} {why}")])
         if server is not None:
             normalize_base_url(server, "--server")
-        if _holds_a_run(out):
+        if held_run(out) is not None:  # before sending anything: a run cannot be sent twice
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
-        check_destination(
-            out, replace=False, command="replay"
-        )  # before sending anything: a run cannot be sent twice
+        check_destination(out, replace=False, command="replay")
         plan = make_plan(spec, base, seed)
     except InputError as e:
         fail(e.problems)

@@ -38,12 +38,12 @@ def held_run(folder: Path) -> str | None:
             command = None  # a damaged manifest: the readers refuse the folder
         return None if command is None else str(command)
     signs = {
-        "replay": ("replay.json", "requests.parquet", "repeat-1/requests.parquet"),
+        "replay": ("replay.json", "requests.parquet", "repeat-*/requests.parquet"),
         "compare": ("compare.json",),
         "sweep": ("sweep.csv", "sweep.parquet"),
         "optimize": ("optimize.csv", "optimize.parquet"),
     }
-    return next((cmd for cmd, names in signs.items() if any((folder / n).exists() for n in names)), None)
+    return next((cmd for cmd, names in signs.items() if any(any(folder.glob(n)) for n in names)), None)
 
 
 def check_destination(out: Path, replace: bool, command: str | None = None) -> None:

@@ -394,7 +394,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per run")
     ap.add_argument("--endpoint", help="use this running vLLM server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
-    ap.add_argument("--calibrate-budget", default="90s")
+    ap.add_argument("--calibrate-budget", default="3m")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
     ap.add_argument("--tabulate", action="store_true", help="print the table of the runs already in --out")
     args = ap.parse_args()

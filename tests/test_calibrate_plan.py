@@ -55,6 +55,19 @@ def test_plan_fits_the_budget_the_context_and_the_kv_cache() -> None:
         assert c.concurrency * (max(c.prompt_tokens) + c.output_tokens) <= 20000
 
 
+def test_decode_requests_stay_short_at_large_batches() -> None:
+    """The decode sweep up to 64 sequences sends the same 64-token requests as one up to 16, so its largest
+    batch costs one short round rather than a round four times as long: every decode-type cell's minimum
+    round (concurrency x output tokens) grows only with its concurrency."""
+    small = plan_cells(2048, 93184, 16, 180, token_budget=2048)
+    large = plan_cells(2048, 93184, 64, 180, token_budget=2048)
+    assert [c.concurrency for c in large if c.phase == "decode"] == [1, 2, 4, 8, 16, 32, 64]
+    outputs = {c.output_tokens for c in small + large if c.phase in ("decode", "context", "saturation")}
+    assert outputs == {64}
+    tiny_context = plan_cells(128, 93184, 64, 180, token_budget=2048)
+    assert tiny_context[2].output_tokens == 32  # a quarter of the context
+
+
 def test_context_cells_hold_long_prompts_at_two_batch_sizes() -> None:
     """Decode batches of the same size as the decode sweep's but holding long prompts (three quarters of the
     context, one step's token budget at most, within each sequence's share of the KV cache): alone and at the

@@ -41,6 +41,10 @@ PHASE_SHARES = {
     "saturation": 0.13,
 }  # the rest: drain tails
 MIXED_CONCURRENCY = 2  # each request decodes while the other's long prompt is prefilled
+# Output tokens of a decode request, whatever the concurrency: the fit reads each decode window with the other
+# requests' prefills inside it (found from their first tokens), so windows need not be pure decode, and short
+# requests let the sweep reach the large batches a saturated server runs within the budget.
+DECODE_OUTPUT_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +117,7 @@ def plan_cells(
     server's max_num_batched_tokens; `workload_prompts`, lengths of the user's own traffic, join the prefill
     sweep (those the context takes)."""
     c_max = max_concurrency
-    out_tokens = min(
-        max(64, 4 * c_max), max_model_len // 4
-    )  # >= 4 gaps per batch-mate: medians stay pure decode
+    out_tokens = min(DECODE_OUTPUT_TOKENS, max_model_len // 4)
     decode_prompt = min(128, max_model_len // 8)
     kv_per_seq = (
         int(0.9 * kv_capacity_tokens / c_max) - out_tokens

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from simadmit.calibrate.client import Endpoint
+from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.phases import concurrency_levels, plan_cells, prefill_lengths
 from simadmit.calibrate.prompts import PromptMaker
+from simadmit.calibrate.run import CalibrationConfig, plan
 from simadmit.calibrate.workload_mix import workload_prompt_lengths
 from simadmit.cli import app
 from simadmit.config.errors import InputError
@@ -142,3 +146,15 @@ def test_a_bad_workload_scenario_is_one_line_and_exit_code_2(tmp_path: Path) -> 
     )  # fmt: skip
     assert result.exit_code == 2
     assert str(bad) in result.output and "Traceback" not in result.output
+
+
+def test_no_batch_larger_than_the_servers_max_num_seqs() -> None:
+    """A server running at most 16 sequences queues the rest of a larger batch, and the queue would be timed
+    as decode steps: the plan stops at the server's limit, whatever `--max-concurrency` asks."""
+    endpoint = Endpoint("http://server", "m", 2048, "0.1")
+    cache = CacheConfig(block_size=16, num_blocks=4096, engines=1)
+    config = CalibrationConfig(
+        endpoint="http://server", out=Path("p.yaml"), max_concurrency=64, max_num_seqs=16
+    )
+    assert max(c.concurrency for c in plan(config, endpoint, cache)) == 16
+    assert max(c.concurrency for c in plan(replace(config, max_num_seqs=256), endpoint, cache)) == 64

@@ -105,7 +105,14 @@ def calibrate_command(
     request_timeout: Annotated[
         str, typer.Option(help="longest wait for one request's whole answer before it counts as failed")
     ] = "5m",
-    max_concurrency: Annotated[int, typer.Option(min=1, help="largest concurrency of the decode sweep")] = 64,
+    max_concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="largest batch of the decode sweep: the batch your pool runs when saturated (the step cost "
+            "of larger ones is extrapolated)",
+        ),
+    ] = 64,
     max_num_seqs: Annotated[
         int, typer.Option(min=1, help="the server's --max-num-seqs (not visible over HTTP)")
     ] = 256,

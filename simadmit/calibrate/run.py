@@ -142,11 +142,12 @@ def _history(csv_path: Path, endpoint: Endpoint, server: str, console: Console) 
 
 
 def plan(cfg: CalibrationConfig, endpoint: Endpoint, cache: CacheConfig) -> list[Cell]:
-    """The cells this calibration runs (the same for a run and its resumption)."""
+    """The cells this calibration runs (the same for a run and its resumption); no batch larger than the
+    server's `max_num_seqs`, which would queue the rest and time the queue as decode steps."""
     return plan_cells(
         endpoint.max_model_len,
         cache.capacity_tokens,
-        cfg.max_concurrency,
+        min(cfg.max_concurrency, cfg.max_num_seqs),
         cfg.budget_s,
         cfg.max_num_batched_tokens,
         cfg.workload_prompts,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -77,13 +78,26 @@ def parse_gauges(text: str) -> EngineGauges:
     return EngineGauges(running=running, waiting=waiting, kv_usage=max(usage, default=0.0))
 
 
+def sample_totals(text: str, names: Iterable[str]) -> dict[str, float | None]:
+    """Each sample named, summed over every engine (None for one the server does not expose), from one
+    parse of the lines that mention them (see `_samples` on why only those)."""
+    wanted = set(names)
+    relevant = "".join(line + "\n" for line in text.splitlines() if any(w in line for w in wanted))
+    totals: dict[str, float | None] = dict.fromkeys(wanted)
+    for family in text_string_to_metric_families(relevant):
+        for s in family.samples:
+            if s.name in totals:
+                totals[s.name] = (totals[s.name] or 0.0) + float(s.value)
+    return totals
+
+
 def histogram_totals(text: str, names: tuple[str, ...]) -> dict[str, tuple[float, float] | None]:
     """(sum, count) of each histogram named, over every engine; None for one the server does not expose."""
+    totals = sample_totals(text, [f"{n}{part}" for n in names for part in ("_sum", "_count")])
     out: dict[str, tuple[float, float] | None] = {}
     for name in names:
-        sums = [v for _, v in _samples(text, f"{name}_sum")]
-        counts = [v for _, v in _samples(text, f"{name}_count")]
-        out[name] = (sum(sums), sum(counts)) if sums and counts else None
+        total, count = totals[f"{name}_sum"], totals[f"{name}_count"]
+        out[name] = (total, count) if total is not None and count is not None else None
     return out
 
 

@@ -13,9 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from simadmit.calibrate.metrics import parse_gauges
+from simadmit.calibrate.metrics import parse_gauges, sample_totals
 
 COUNTERS = {
     "queue_time_sum_s": "vllm:request_queue_time_seconds_sum",
@@ -27,14 +26,8 @@ COUNTERS = {
 
 def counter_totals(text: str) -> dict[str, float]:
     """The counters above summed over engines (NaN when the server does not expose one)."""
-    wanted = set(COUNTERS.values())
-    relevant = "".join(line + "\n" for line in text.splitlines() if any(w in line for w in wanted))
-    sums = dict.fromkeys(wanted, math.nan)
-    for family in text_string_to_metric_families(relevant):
-        for s in family.samples:
-            if s.name in sums:
-                sums[s.name] = (0.0 if math.isnan(sums[s.name]) else sums[s.name]) + float(s.value)
-    return {key: sums[name] for key, name in COUNTERS.items()}
+    totals = sample_totals(text, COUNTERS.values())
+    return {key: math.nan if (t := totals[name]) is None else t for key, name in COUNTERS.items()}
 
 
 @dataclass

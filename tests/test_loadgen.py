@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from simadmit.cli import app
 from simadmit.config.loading import load_scenario, scenario_from_dict
 from simadmit.loadgen.plan import make_plan
 from simadmit.loadgen.run import ReplayConfig, replay
+from simadmit.loadgen.sender import rejection_reason
 from simadmit.loadgen.tables import write_run
+from simadmit.serve.app import error_body
 from simadmit.workload.build import generate
 from tests.fake_openai import fake_server
 from tests.fake_vllm import FakeVllm
@@ -98,6 +101,18 @@ def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_
     assert 0.009 < itl.median() < 0.1  # the server's 10 ms per token; a loaded machine delays some reads
     series = pd.read_parquet(tmp_path / "out" / "timeseries.parquet")
     assert series["arrivals"].sum() == len(req) and {"queued", "running", "kv_usage"} <= set(series.columns)
+
+
+@pytest.mark.parametrize("reason", ["would_exceed_e2e", "pool_exhausted"])
+def test_the_replay_reads_the_reason_simadmits_gateway_gives(reason: str) -> None:
+    """The gateway's 429 body is OpenAI's error object with `reason` beside its `type`: the replay's table
+    must record the reason (what `compare` and the fidelity benchmarks break rejections down by), not the
+    generic type every 429 carries."""
+    body = json.dumps(error_body(429, "chat request rejected", reason=reason, tier="chat")).encode()
+    assert rejection_reason(body) == reason
+    assert rejection_reason(json.dumps({"reason": reason}).encode()) == reason
+    assert rejection_reason(json.dumps(error_body(429, "no reason given")).encode()) == "rate_limit_exceeded"
+    assert rejection_reason(b"<html>busy</html>") == "http_429"
 
 
 def test_a_429_is_retried_after_retry_after_plus_backoff_as_the_client_says(tmp_path: Path) -> None:

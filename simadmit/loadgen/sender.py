@@ -62,17 +62,19 @@ def retry_after_seconds(value: str | None) -> float:
 
 
 def rejection_reason(body: bytes) -> str:
-    """The cause a gateway gives in a 429's JSON body (`reason`, or `error.type`), else `http_429`."""
+    """The cause a gateway gives in a 429's JSON body: `error.reason` (simadmit's gateway, beside the OpenAI
+    fields), a top-level `reason`, or `error.type`; else `http_429`."""
     try:
         doc = json.loads(body)
     except ValueError:
         return "http_429"
-    if isinstance(doc, dict):
-        if isinstance(doc.get("reason"), str):
-            return str(doc["reason"])
-        err = doc.get("error")
-        if isinstance(err, dict) and isinstance(err.get("type"), str):
-            return str(err["type"])
+    if not isinstance(doc, dict):
+        return "http_429"
+    err = doc.get("error")
+    err = err if isinstance(err, dict) else {}
+    for cause in (err.get("reason"), doc.get("reason"), err.get("type")):
+        if isinstance(cause, str):
+            return cause
     return "http_429"
 
 

@@ -65,6 +65,7 @@ from benchmarks.fidelity import (  # noqa: E402
     isolate_engine,
     markdown,
     simulate_and_compare,
+    speed_probe,
     start_server,
 )
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
@@ -80,7 +81,7 @@ MAX_POOL_GPU_S = 12.0
 HEADROOM = 0.9
 BUDGET_LINE = MAX_POOL_GPU_S * HEADROOM
 POLL_S = 0.2
-KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
+KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "itl_mean_s")
 TTFT_BUDGET_S = 3.0  # predicted_ttft: admit while the chat tier's first token is predicted within this
 POLICIES = {
     "gpu_seconds": {"kind": "gpu_seconds", "budgets_s": {"chat": 12.0}, "headroom": HEADROOM,
@@ -293,11 +294,15 @@ class Point:
     sim_peak: float
     sim_view_gap: float  # mean over the simulated admissions, as Budget.view_gap_mean
     requests: int
+    probes: list[float]  # the speed probe before each real repeat, over its reading after calibrating
 
 
 def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
-              repeats: int, out: Path) -> Point:  # fmt: skip
-    """Replay `repeats` times through fresh gateways, simulate what the first repeat sent, compare."""
+              repeats: int, out: Path, reference: float | None = None) -> Point:  # fmt: skip
+    """Replay `repeats` times through fresh gateways, simulate what the first repeat sent, compare. Before
+    each repeat, the speed probe (`benchmarks.fidelity.speed_probe`) over its `reference` reading: a point
+    whose probe strays from 1 ran on a server faster or slower than the one calibrated, which the
+    latencies (and so the predicted-TTFT policy's decisions) follow. No probe without a reference."""
     path = write_scenario(scenario(profile, rate, duration_s, policy, n_gateways), out / "scenario.yaml")
     spec, base = load_scenario(path)
     plan = make_plan(spec, base)
@@ -308,6 +313,10 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
     for k in range(1, repeats + 1):
         time.sleep(2.0)  # let the server settle between runs
         where = out / "real" / f"repeat-{k}"
+        where.mkdir(parents=True, exist_ok=True)
+        speed = math.nan if reference is None else speed_probe(url, profile, out) / reference
+        if reference is not None:
+            (where / "speed_probe.json").write_text(json.dumps({"speed": speed}) + "\n")
         with gateways(path, url, policy, n_gateways, where / "logs") as urls:
             cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,
                                metrics_interval_s=POLL_S)  # fmt: skip
@@ -315,7 +324,7 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
         facts = write_run(run, spec, base, where, "real")
         budgets.append(real_budget(where, estimator, prior))
         lag = facts["send_lag_s"]
-        print(f"  repeat {k}: {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
+        print(f"  repeat {k} (speed probe {speed:.2f}): {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
               f"{facts['kept_up']}; {budgets[-1]}", flush=True)  # fmt: skip
     simulate_and_compare(out, repeats)
     return load_point(out)
@@ -329,7 +338,11 @@ def load_point(out: Path) -> Point:
     repeats = sorted((out / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1]))
     budgets = [real_budget(d, estimator, prior) for d in repeats]
     table = pd.read_csv(out / "compare.csv")
-    return Point(table, budgets, *sim_budget(out / "sim", estimator), len(make_plan(spec, base).workload))
+    probes = [json.loads((d / "speed_probe.json").read_text())["speed"] for d in repeats
+              if (d / "speed_probe.json").exists()]  # fmt: skip
+    return Point(
+        table, budgets, *sim_budget(out / "sim", estimator), len(make_plan(spec, base).workload), probes
+    )
 
 
 def tabulate(out: Path) -> str:
@@ -364,13 +377,17 @@ def row(policy: str, n: int, load: float, point: Point) -> dict[str, object]:
     inside = real_rej[0] <= rej["sim"] <= real_rej[1]
     cells: dict[str, object] = {
         "policy": policy, "gateways": n, "load": f"{load:.0%}", "requests": point.requests,
+        "probe": f"{min(point.probes):.2f}-{max(point.probes):.2f}" if point.probes else "-",
         "rejected": f"{100 * rej['sim']:.1f}% / {100 * rej['real_mean']:.1f}% ({100 * real_rej[0]:.1f}-"
                     f"{100 * real_rej[1]:.1f}) {gap:+.1f} pt {'ok' if abs(gap) <= 2 or inside else 'FAIL'}",
     }  # fmt: skip
     for m in KEY:
         r = t.loc[m]
-        cells[m] = (f"{r['sim']:.2f} / {r['real_mean']:.2f} ({r['real_min']:.2f}-{r['real_max']:.2f}) "
-                    f"{100 * r['error']:+.0f}% {'ok' if str(r['verdict']).startswith('pass') else 'FAIL'}")  # fmt: skip
+        d = 3 if m.startswith("itl") else 2  # per-token times are tens of milliseconds
+        cells[m] = (f"{r['sim']:.{d}f} / {r['real_mean']:.{d}f} ({r['real_min']:.{d}f}-{r['real_max']:.{d}f}) "
+                    f"{100 * r['error']:+.0f}%")  # fmt: skip
+        if r["verdict"] == r["verdict"]:  # a measure with a target (compare leaves the others' verdict empty)
+            cells[m] += " ok" if str(r["verdict"]).startswith("pass") else " FAIL"
     b = point.budgets
     cells["peak GPU-s sim / real"] = f"{point.sim_peak:.1f} / " + spread([x.peak for x in b], "{:.1f}")
     cells["view gap sim / real"] = f"{point.sim_view_gap:.2f} / " + spread(
@@ -413,6 +430,8 @@ def main() -> None:
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
         cap = args.capacity or capacity(url, profile, args.out)
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
+        reference = speed_probe(url, profile, args.out)
+        print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
         for policy in args.policies.split(","):
             for n in (int(x) for x in args.gateways.split(",")):
                 for load in (float(x) for x in args.loads.split(",")):
@@ -420,7 +439,7 @@ def main() -> None:
                     where = args.out / f"{policy}-g{n}-{load:g}"
                     try:
                         point = run_point(
-                            url, profile, policy, n, load * cap, args.duration, args.repeats, where
+                            url, profile, policy, n, load * cap, args.duration, args.repeats, where, reference
                         )
                     except Exception:  # noqa: BLE001 - one failed point must not lose the others
                         traceback.print_exc()
@@ -431,7 +450,8 @@ def main() -> None:
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "
-              f"repeats of {args.duration:.0f} s; cells: sim / real mean (real range)")  # fmt: skip
+              f"repeats of {args.duration:.0f} s; probe: a lone request's time before each repeat over its time after "
+              f"calibrating; cells: sim / real mean (real range)")  # fmt: skip
     text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")

@@ -295,3 +295,35 @@ def test_a_policy_learns_the_admitted_mean_not_the_finishing_order_one() -> None
         p.observe_completion(r, lengths[r.id], 1.0)
     assert p.outputs.count["chat"] == 300
     assert p.outputs.expected("chat") == pytest.approx(200, rel=0.15)
+
+
+def test_the_end_to_end_check_learns_the_decode_step_from_the_answers() -> None:
+    """The end-to-end check's decode step is corrected by what the answers took per token, not by the first
+    tokens' error. On an idle replica (predicted TTFT 0.011 s, step 0.01 s, 256 tokens expected: 2.6 s to
+    the end, within a 5 s budget), 20 admitted requests whose first tokens come 3x late but decode as
+    predicted leave the next one admitted (a first-token factor of 3 would predict 7.7 s); 20 whose first
+    tokens are on time but decode at 3x the step get the next one refused as would_exceed_e2e."""
+
+    def learn(ttft_x: float, itl_x: float) -> PredictedTtft:
+        p = PredictedTtft(budgets_s={"chat": 3.0}, e2e_budgets_s={"chat": 5.0}, margin=1.0)
+        view = engine_view(ReplicaLoad(max_seqs=8, kv_capacity=10**6))
+        for rid in range(20):  # the corrections warm up on 20 observations
+            now = float(rid)
+            request = Request(rid, "chat", 100, 512, now)
+            d = p.decide(request, 0.0, view, now)
+            assert d.admit
+            first = now + ttft_x * (0.01 + 100 * 1e-4)
+            p.observe_first_token(request, now, first)
+            p.observe_completion(request, 256, first + 255 * itl_x * 0.01)
+        return p
+
+    view = engine_view(ReplicaLoad(max_seqs=8, kv_capacity=10**6))
+    late_first_tokens = learn(ttft_x=3.0, itl_x=1.0)
+    assert late_first_tokens.factor("chat", 20.0) == pytest.approx(3.0)
+    assert late_first_tokens.decode_ratio.factor("*", 20.0) == pytest.approx(1.0)
+    assert late_first_tokens.decide(Request(99, "chat", 100, 512, 20.0), 0.0, view, 20.0).admit
+    slow_decode = learn(ttft_x=1.0, itl_x=3.0)
+    assert slow_decode.factor("chat", 20.0) == pytest.approx(1.0)
+    d = slow_decode.decide(Request(99, "chat", 100, 512, 20.0), 0.0, view, 20.0)
+    assert (d.admit, d.reason) == (False, "would_exceed_e2e")
+    assert not slow_decode.decoding  # nothing kept of the finished, nor of the refused

@@ -12,9 +12,14 @@ It corrects itself online: the predicted and actual time to first token of what 
 slot was free feed an EWMA ratio per tier (a mis-calibrated profile, or the other gateways' admits it cannot
 see, heal within tens of requests; waits for a slot are left out, their error being the renewal estimate's,
 not the calibration's). A sheddable tier's ratio is never below the critical tier's, and a tier's ratio
-relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. An EWMA of the output lengths,
-taken in admission order (`AdmissionOrder`: completions come shortest first), sets the rate at which a full
-batch frees slots and the expected length of an answer.
+relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. The
+end-to-end check's decode step has a correction of its own, the actual time per output token of what it
+admitted over the step predicted at admission (one for the pool: every sequence in a batch shares the step):
+a first token's errors (the queue, the prompt's prefill, the API server) say nothing of the decode, and the
+step predicted at admission misses the requests that join the batch later, which the ratio learns.
+
+An EWMA of the output lengths, taken in admission order (`AdmissionOrder`: completions come shortest
+first), sets the rate at which a full batch frees slots and the expected length of an answer.
 """
 
 from __future__ import annotations
@@ -150,7 +155,7 @@ class PredictedTtft(StatefulPolicy):
     default_budget_s: float = DEFAULT_BUDGET_S
     e2e_budgets_s: dict[str, float] = field(default_factory=dict)  # tiers absent: no end-to-end check
     margin: float = 0.7
-    correct: bool = True  # learn the actual/predicted TTFT ratio per tier
+    correct: bool = True  # learn the actual/predicted TTFT ratio per tier, and the decode step's
     alpha: float = 0.05
     queue_budget_s: float | None = None  # None: the smallest of budgets_s
     sheddable_fraction: float = 0.5
@@ -159,11 +164,15 @@ class PredictedTtft(StatefulPolicy):
     outputs: OutputEwma = field(default_factory=OutputEwma)
     forget_s: float = 10.0  # a tier's correction relaxes towards 1 while none of its requests gets in
     ratio: RatioEwma = field(init=False)
+    decode_ratio: RatioEwma = field(init=False)
     pending: dict[int, tuple[str, float]] = field(default_factory=dict, init=False)
+    # admitted requests' predicted decode step and, once it came, their first token's time
+    decoding: dict[int, tuple[float, float | None]] = field(default_factory=dict, init=False)
     order: AdmissionOrder = field(default_factory=AdmissionOrder, init=False)
 
     def __post_init__(self) -> None:
         self.ratio = RatioEwma(self.alpha, warmup=20, low=0.25, high=4.0, forget_s=self.forget_s)
+        self.decode_ratio = RatioEwma(self.alpha, warmup=20, low=0.25, high=4.0, forget_s=self.forget_s)
 
     def fresh(self) -> PredictedTtft:
         o = self.outputs
@@ -213,7 +222,8 @@ class PredictedTtft(StatefulPolicy):
         budget = self.budget(request, now) * self.margin
         if wait > budget:
             return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)), wait)
-        step = view.engine.decode_step(load, request.prompt_tokens) * factor  # the same step model, corrected
+        raw_step = view.engine.decode_step(load, request.prompt_tokens)
+        step = raw_step * (self.decode_ratio.factor(ALL, now) if self.correct else 1.0)
         checks = []  # (output tokens, seconds left for the answer)
         e2e = self.e2e_budgets_s.get(request.tier)
         if e2e is not None:
@@ -235,8 +245,10 @@ class PredictedTtft(StatefulPolicy):
                 )
         if load.running + load.waiting < load.max_seqs:  # the correction learns where the model is exact
             self.pending[request.id] = (request.tier, raw)
+        self.decoding[request.id] = (raw_step, None)
         self.order.admitted(request.tier, request.id, now)
         self.ratio.renew(request.tier, now)  # only a tier that gets nothing in lets its correction relax
+        self.decode_ratio.renew(ALL, now)
         return ADMIT._replace(predicted_wait_s=wait)
 
     def lost(self, request: Request, view: PoolView, now: float, started: bool) -> bool:
@@ -255,14 +267,20 @@ class PredictedTtft(StatefulPolicy):
         seen = self.pending.pop(request.id, None)
         if seen is not None:
             self.ratio.observe(seen[0], seen[1], now - admitted_s, now)
+        if request.id in self.decoding:
+            self.decoding[request.id] = (self.decoding[request.id][0], now)
 
     def observe_completion(self, request: Request, output_tokens: int, now: float) -> None:
         self.pending.pop(request.id, None)
+        step, first_token_s = self.decoding.pop(request.id, (0.0, None))
+        if first_token_s is not None and output_tokens > 1 and step > 0:
+            self.decode_ratio.observe(ALL, step, (now - first_token_s) / (output_tokens - 1), now)
         for out in self.order.finished_at(request.tier, request.id, output_tokens, now):
             self.outputs.observe(request.tier, out)
 
     def observe_abort(self, request: Request, now: float) -> None:
         self.pending.pop(request.id, None)
+        self.decoding.pop(request.id, None)
         for out in self.order.finished_at(request.tier, request.id, None, now):
             self.outputs.observe(request.tier, out)
 

@@ -324,7 +324,10 @@ class PredictedTtftSpec(Spec):
     margin: float = Field(
         default=0.7, gt=0, le=1.0, description="fraction of the budget a prediction may fill"
     )
-    correct: bool = Field(default=True, description="learn the actual/predicted TTFT ratio per tier (EWMA)")
+    correct: bool = Field(
+        default=True,
+        description="learn the actual/predicted TTFT ratio per tier and the decode step's (EWMA)",
+    )
     alpha: float = Field(default=0.05, gt=0, le=1.0, description="EWMA weight of each new observation")
     queue_budget_s: float | None = Field(
         default=None,

@@ -231,6 +231,30 @@ def test_books_and_policy_state_empty_after_a_burst_with_clients_leaving(tmp_pat
     run(main())
 
 
+def test_only_streamed_answers_teach_the_corrections(tmp_path: Path) -> None:
+    """A whole (non-streamed) answer reaches the gateway at its end: it says nothing of when the first token
+    came, nor of the time per token. Twelve of them, one after another at an idle backend, teach the policy
+    nothing; twelve streamed ones each give a first token and a time per output token."""
+
+    async def main() -> None:
+        async with stack(tmp_path, [FakeVllm()], **PREDICTIVE) as (server, client):
+            policy = policy_of(server)
+            for _ in range(12):
+                assert (await client.post("/v1/completions", json=completion())).status_code == 200
+            await until(lambda: server.pools[0].own_requests == 0)
+            assert sum(policy.ratio.count.values()) == 0 and sum(policy.decode_ratio.count.values()) == 0
+            assert policy.pending == {} and policy.decoding == {}
+            for _ in range(12):
+                response = await client.post("/v1/completions", json=completion(stream=True))
+                assert response.status_code == 200
+            await until(lambda: server.pools[0].own_requests == 0)
+            assert policy.ratio.count.get("interactive", 0) == 12
+            assert policy.decode_ratio.count.get("*", 0) == 12
+            assert policy.pending == {} and policy.decoding == {}
+
+    run(main())
+
+
 # --- the command line -----------------------------------------------------------------------------------
 
 

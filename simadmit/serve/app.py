@@ -38,6 +38,7 @@ from starlette.routing import Route
 from simadmit.admission.estimator import OutputLearner
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
+from simadmit.admission.predictive import StatefulPolicy
 from simadmit.admission.published import prior_price
 from simadmit.admission.view import EngineModel
 from simadmit.serve.backends import Backend, Flight, LivePool, parse_poll
@@ -92,7 +93,9 @@ class GatewayServer:
             engines,
             shed_lost_deadlines=g.shed_lost_deadlines,
         )
-        self.learn = learner is not None
+        # read each answer's length (asking a stream for its usage) when something learns from it: an output
+        # learner, or a policy with state (predicted_ttft's output lengths and decode step)
+        self.learn = learner is not None or isinstance(s.policy, StatefulPolicy)
         self.routing = g.routing
         self.live = g.poll_interval_s == 0
         self.poll_s = max(g.poll_interval_s, MIN_POLL_S)
@@ -328,7 +331,7 @@ class GatewayServer:
         exchange = Exchange(
             self.client, backend.url + PATHS[body.route], body.body, body.stream, self.learn,
             partial(self.finished, pool, backend, req, estimate),
-            partial(self.answering, pool, backend, req, admitted_s),
+            partial(self.answering, pool, backend, req, admitted_s, body.stream),
         )  # fmt: skip
         backend.aborters.add(exchange.abort)
         pool.flights[req.id] = Flight(req, backend, estimate, exchange, int(body.route == CHAT))
@@ -363,11 +366,16 @@ class GatewayServer:
                 exchange.close()
                 return
 
-    def answering(self, pool: LivePool, backend: Backend, req: Request, admitted_s: float) -> None:
-        """The first token of an admitted request came back: its prompt leaves the books, and a learning
-        policy compares the time it took with what it predicted."""
+    def answering(
+        self, pool: LivePool, backend: Backend, req: Request, admitted_s: float, streamed: bool
+    ) -> None:
+        """The answer of an admitted request began: its prompt leaves the books, and, when it streams (its
+        first token, then), a learning policy compares the time it took with what it predicted. A whole
+        answer arrives at its end: taken for a first token, it would teach a first token as late as the
+        answer and a decode of no time at all."""
         pool.answering(backend, req.prompt_tokens, req.tier)
-        self.gateway.observe_first_token(req, admitted_s, self.now())
+        if streamed:
+            self.gateway.observe_first_token(req, admitted_s, self.now())
 
     def finished(
         self, pool: LivePool, backend: Backend, req: Request, estimate: float, exchange: Exchange

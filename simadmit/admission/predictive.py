@@ -14,7 +14,7 @@ see, heal within tens of requests; waits for a slot are left out, their error be
 not the calibration's). A sheddable tier's ratio is never below the critical tier's, and a tier's ratio
 relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. The
 end-to-end check's decode step has a correction of its own, the actual time per output token of what it
-admitted over the step predicted at admission (one for the pool: every sequence in a batch shares the step):
+admitted over the step predicted at admission (one for all tiers, whose sequences share each step):
 a first token's errors (the queue, the prompt's prefill, the API server) say nothing of the decode, and the
 step predicted at admission misses the requests that join the batch later, which the ratio learns.
 

@@ -1,0 +1,46 @@
+"""`benchmarks/fidelity_speed.py`, which asks whether a fidelity miss is the machine's speed: its slowed
+engines must be exactly the profile's step costs times the factor, while the simulated gateways keep
+predicting with the profile the live ones believed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from benchmarks.fidelity_speed import simulate_at
+from benchmarks.gateway_fidelity import scenario
+from simadmit.config.profile import load_profile
+from tests.helpers import ROOT
+
+PROFILE = ROOT / "calibration" / "smollm2-135m-cpu.yaml"
+
+
+def test_slowed_engines_take_the_factor_and_the_gateways_keep_their_beliefs(tmp_path: Path) -> None:
+    """A request every 20 s on average under predicted_ttft, nothing refused: at twice the step costs the
+    engine time (latency less the API server's) of every request that had the replica to itself doubles, to
+    rounding, and no request's grows by less (sharing a batch only slows it); the first token the gateway
+    predicted for a request arriving at the idle replica is the same as at the profile's speed."""
+    point = tmp_path / "point"
+    replayed = point / "real" / "repeat-1" / "replayed.yaml"
+    replayed.parent.mkdir(parents=True)
+    replayed.write_text(yaml.safe_dump(scenario(PROFILE, 0.05, 200.0, "predicted_ttft", 1)))
+    runs = {}
+    for scale in (1.0, 2.0):
+        simulate_at(point, tmp_path / f"x{scale:g}", scale)
+        runs[scale] = pd.read_parquet(tmp_path / f"x{scale:g}" / "requests.parquet").set_index("request_id")
+    base, slow = runs[1.0], runs[2.0]
+    assert len(base) >= 5 and (base["decision"] == "admit").all() and (slow["decision"] == "admit").all()
+    api = load_profile(PROFILE).api_latency_s
+    engine_time = ((slow["e2e_s"] - api) / (base["e2e_s"] - api)).to_numpy()
+    start = slow["arrival_s"].to_numpy()
+    end = start + slow["e2e_s"].to_numpy()
+    overlapping = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
+    alone = overlapping.sum(axis=1) == 1  # overlaps only itself
+    assert alone.sum() >= 5
+    assert np.allclose(engine_time[alone], 2.0, rtol=1e-6), engine_time
+    assert (engine_time >= 2.0 - 1e-6).all(), engine_time
+    predicted = base["predicted_wait_s"].to_numpy(), slow["predicted_wait_s"].to_numpy()
+    assert np.allclose(predicted[0][alone], predicted[1][alone], rtol=1e-9), predicted

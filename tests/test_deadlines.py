@@ -123,6 +123,7 @@ def test_the_gateway_sheds_lost_deadlines_for_any_policy() -> None:
     for _ in range(200):
         learned.outputs.observe("chat", 101)
     assert not gateway(learned, None).lost(r, 0, 20.0, True)  # the policy's own switch: off
+    assert not gateway(learned, None).sheds and gateway(PredictedTtft(budgets_s={"chat": 3.0}), None).sheds
     assert gateway(learned, True).lost(r, 0, 8.80, False)  # on, with what the policy learned of outputs
     assert not gateway(learned, True).lost(r, 0, 8.78, False)
 

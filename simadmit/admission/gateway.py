@@ -144,7 +144,9 @@ class Gateway:
     def sheds(self) -> bool:
         """Whether this gateway ever sheds admitted requests whose deadline is lost."""
         shed = self.shed_lost_deadlines
-        return shed is True or (shed is None and isinstance(self.policy, StatefulPolicy))
+        return shed is True or (
+            shed is None and isinstance(self.policy, StatefulPolicy) and self.policy.sheds
+        )
 
     def lost(self, request: Request, pool: int, now: float, started: bool) -> bool:
         """Whether to shed this admitted request (queued, or `started`): its deadline is lost."""

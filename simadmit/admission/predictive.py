@@ -62,6 +62,11 @@ class StatefulPolicy(AdmissionPolicy):
         """Whether an admitted request (queued, or `started` in a batch) should be shed: its deadline is lost."""
         return False
 
+    @property
+    def sheds(self) -> bool:
+        """Whether `lost` can ever say yes (a gateway keeps no watch on deadlines otherwise)."""
+        return False
+
 
 class OutputEwma:
     """EWMA of output tokens per tier (and over all tiers): follows a shift in output lengths.
@@ -250,6 +255,10 @@ class PredictedTtft(StatefulPolicy):
         self.ratio.renew(request.tier, now)  # only a tier that gets nothing in lets its correction relax
         self.decode_ratio.renew(ALL, now)
         return ADMIT._replace(predicted_wait_s=wait)
+
+    @property
+    def sheds(self) -> bool:
+        return self.shed_lost_deadlines
 
     def lost(self, request: Request, view: PoolView, now: float, started: bool) -> bool:
         """Shedding after admission. A request still queued whose answer cannot come before its deadline even

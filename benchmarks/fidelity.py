@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,7 +52,13 @@ from simadmit.calibrate.measurements import read_measurements  # noqa: E402
 from simadmit.calibrate.run import api_latency_s  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
-from simadmit.config.profile import load_profile, save_profile, summary_figures  # noqa: E402
+from simadmit.config.profile import (  # noqa: E402
+    Profile,
+    StepTimeModel,
+    load_profile,
+    save_profile,
+    summary_figures,
+)
 from simadmit.config.schema import ScenarioSpec  # noqa: E402
 from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
@@ -60,7 +66,8 @@ from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.results.compare import Run, compare, load_runs, overall  # noqa: E402
 from simadmit.results.compare_plots import write_cdfs  # noqa: E402
 from simadmit.results.run_folder import write_folder  # noqa: E402
-from simadmit.study.runner import run_study  # noqa: E402
+from simadmit.sim.world import build_world  # noqa: E402
+from simadmit.study.runner import run_scenario  # noqa: E402
 
 AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv_first2000.csv"
 # The Azure conversation trace is close to Poisson over a minute (inter-arrival CV 1.14, and its rate curve
@@ -228,16 +235,30 @@ def real_runs(out: Path, repeats: int) -> list[Run]:
     return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
 
 
-def simulate_replayed(point: Path, into: Path, profile: Path | None = None, repeat: int = 1) -> None:
+def slowed(profile: Profile, scale: float) -> Profile:
+    """`profile` with every step cost times `scale`."""
+    step = StepTimeModel(**{k: v * scale for k, v in asdict(profile.step_time).items()})
+    return replace(profile, step_time=step)
+
+
+def simulate_replayed(
+    point: Path, into: Path, profile: Path | None = None, repeat: int = 1, slower: float = 1.0
+) -> None:
     """Simulate the request list a real repeat under `point` sent (the first by default; `replayed.yaml`; on
-    `profile` if given, else the one it names) into the run folder `into`."""
+    `profile` if given, else the one it names) into the run folder `into`; with `slower`, on engines whose
+    step costs are that many times the profile's while the gateways still believe the profile, as the live
+    ones did (`benchmarks/fidelity_speed.py`)."""
     replayed = point / "real" / f"repeat-{repeat}" / "replayed.yaml"
     doc = yaml.safe_load(replayed.read_text())
     if profile is not None:
         for pool in doc["pools"]:
             pool["profile"] = str(profile.resolve())
-    spec, base = scenario_from_dict(doc, replayed), replayed.parent
-    result = run_study(spec, base)
+    spec, base = scenario_from_dict(doc, replayed), replayed.parent  # a replayed scenario has no variants
+    world = build_world(spec, base)
+    pools = tuple(
+        replace(p, profile=slowed(p.profile, slower), believed=p.gateway_profile) for p in world.pools
+    )
+    result = run_scenario(spec, replace(world, pools=pools))
     write_folder(into, run_files(result, spec, base), {"command": "simulate", "partial": False})
 
 

@@ -25,42 +25,15 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import asdict, replace
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simadmit.cli.main import run_files  # noqa: E402
-from simadmit.config.loading import scenario_from_dict  # noqa: E402
-from simadmit.config.profile import Profile, StepTimeModel  # noqa: E402
+from benchmarks.fidelity import simulate_replayed  # noqa: E402
 from simadmit.results.compare import compare, load_runs  # noqa: E402
-from simadmit.results.run_folder import write_folder  # noqa: E402
-from simadmit.sim.world import build_world  # noqa: E402
-from simadmit.study.runner import run_scenario  # noqa: E402
 
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "rejection_rate")
-
-
-def slowed(profile: Profile, scale: float) -> Profile:
-    """`profile` with every step cost times `scale`."""
-    step = StepTimeModel(**{k: v * scale for k, v in asdict(profile.step_time).items()})
-    return replace(profile, step_time=step)
-
-
-def simulate_at(point: Path, into: Path, scale: float, repeat: int = 1) -> None:
-    """Simulate what a real repeat of `point` sent (`replayed.yaml`) on engines `scale` x as slow as its
-    profile, the gateways still believing the profile, into the run folder `into`."""
-    replayed = point / "real" / f"repeat-{repeat}" / "replayed.yaml"
-    spec, base = scenario_from_dict(yaml.safe_load(replayed.read_text()), replayed), replayed.parent
-    world = build_world(spec, base)
-    pools = tuple(
-        replace(p, profile=slowed(p.profile, scale), believed=p.gateway_profile) for p in world.pools
-    )
-    result = run_scenario(spec, replace(world, pools=pools))
-    write_folder(into, run_files(result, spec, base), {"command": "simulate", "partial": False})
 
 
 def errors(sim: Path, real: list[Path]) -> dict[str, tuple[float, float, float]]:
@@ -85,7 +58,7 @@ def paired(point: Path, reference: float, work: Path) -> tuple[list[float], dict
     for folder in sorted((point / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1])):
         speed = reference * float(json.loads((folder / "speed_probe.json").read_text())["speed"])
         out = work / point.name / folder.name
-        simulate_at(point, out, speed, repeat=int(folder.name.split("-")[1]))
+        simulate_replayed(point, out, repeat=int(folder.name.split("-")[1]), slower=speed)
         speeds.append(speed)
         for m, (_s, _r, e) in errors(out, [folder]).items():
             errs[m].append(e)
@@ -124,7 +97,7 @@ def main() -> None:
     for scale in (float(s) for s in args.scale.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             for point in points:
-                simulate_at(point, Path(tmp) / point.name, scale)
+                simulate_replayed(point, Path(tmp) / point.name, slower=scale)
                 cells = errors(Path(tmp) / point.name, sorted((point / "real").glob("repeat-*")))
                 row = " | ".join(f"{s:.3g} / {r:.3g} ({cell(m, e)})" for m, (s, r, e) in cells.items())
                 print(f"| {scale:g} | {point.name} | {row} |", flush=True)

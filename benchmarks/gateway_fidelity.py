@@ -314,8 +314,9 @@ def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float
         time.sleep(2.0)  # let the server settle between runs
         where = out / "real" / f"repeat-{k}"
         where.mkdir(parents=True, exist_ok=True)
-        speed = math.nan if reference is None else speed_probe(url, profile, out) / reference
+        speed = math.nan
         if reference is not None:
+            speed = speed_probe(url, profile, out) / reference
             (where / "speed_probe.json").write_text(json.dumps({"speed": speed}) + "\n")
         with gateways(path, url, policy, n_gateways, where / "logs") as urls:
             cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,

@@ -1,6 +1,6 @@
-"""`benchmarks/fidelity_speed.py`, which asks whether a fidelity miss is the machine's speed: its slowed
-engines must be exactly the profile's step costs times the factor, while the simulated gateways keep
-predicting with the profile the live ones believed."""
+"""The slowed simulation `benchmarks/fidelity_speed.py` runs (`benchmarks.fidelity.simulate_replayed`) to ask
+whether a fidelity miss is the machine's speed: its engines must take exactly the profile's step costs
+times the factor, while the simulated gateways keep predicting with the profile the live ones believed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from benchmarks.fidelity_speed import simulate_at
+from benchmarks.fidelity import simulate_replayed
 from benchmarks.gateway_fidelity import scenario
 from simadmit.config.profile import load_profile
 from tests.helpers import ROOT
@@ -29,7 +29,7 @@ def test_slowed_engines_take_the_factor_and_the_gateways_keep_their_beliefs(tmp_
     replayed.write_text(yaml.safe_dump(scenario(PROFILE, 0.05, 200.0, "predicted_ttft", 1)))
     runs = {}
     for scale in (1.0, 2.0):
-        simulate_at(point, tmp_path / f"x{scale:g}", scale)
+        simulate_replayed(point, tmp_path / f"x{scale:g}", slower=scale)
         runs[scale] = pd.read_parquet(tmp_path / f"x{scale:g}" / "requests.parquet").set_index("request_id")
     base, slow = runs[1.0], runs[2.0]
     assert len(base) >= 5 and (base["decision"] == "admit").all() and (slow["decision"] == "admit").all()

@@ -51,6 +51,7 @@ from simadmit.calibrate.fit import fit_step_model, fit_warnings, observations  #
 from simadmit.calibrate.measurements import read_measurements  # noqa: E402
 from simadmit.calibrate.run import api_latency_s  # noqa: E402
 from simadmit.cli.main import run_files  # noqa: E402
+from simadmit.config.errors import InputError  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.config.profile import (  # noqa: E402
     Profile,
@@ -81,8 +82,35 @@ ARRIVALS = {
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
 
 
-def scenario(profile: Path, rate: float, arrival: str, duration_s: float, seed: int = 1) -> dict:
-    """The workload: chat requests (short prompts and answers) and a quarter of longer ones, on one replica."""
+# The benchmark's own mix: chat requests (short prompts and answers) and a quarter of longer ones.
+# `--workload scenario.yaml` replaces it with the tiers of a user's scenario.
+TIERS = (
+    {
+        "name": "chat",
+        "share": 3,
+        "max_tokens": 128,
+        "prompt_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.6, "min": 16, "max": 1024},
+        "output_tokens": {"kind": "lognormal", "median": 32, "sigma": 0.6, "min": 4, "max": 128},
+    },
+    {
+        "name": "long",
+        "share": 1,
+        "max_tokens": 128,
+        "prompt_tokens": {"kind": "lognormal", "median": 600, "sigma": 0.3, "min": 256, "max": 1400},
+        "output_tokens": {"kind": "lognormal", "median": 64, "sigma": 0.4, "min": 8, "max": 128},
+    },
+)
+
+
+def scenario(
+    profile: Path,
+    rate: float,
+    arrival: str,
+    duration_s: float,
+    seed: int = 1,
+    tiers: tuple[dict, ...] = TIERS,
+) -> dict:
+    """The workload (`tiers`, the benchmark's mix by default) at `rate` with `arrival`, on one replica."""
     return {
         "name": f"fidelity-{arrival}",
         "workload": {
@@ -90,35 +118,8 @@ def scenario(profile: Path, rate: float, arrival: str, duration_s: float, seed: 
             "rate_rps": float(rate),
             "duration_s": float(duration_s),
             "arrival": ARRIVALS[arrival],
-            "tiers": [
-                {
-                    "name": "chat",
-                    "share": 3,
-                    "max_tokens": 128,
-                    "prompt_tokens": {
-                        "kind": "lognormal",
-                        "median": 128,
-                        "sigma": 0.6,
-                        "min": 16,
-                        "max": 1024,
-                    },
-                    "output_tokens": {"kind": "lognormal", "median": 32, "sigma": 0.6, "min": 4, "max": 128},
-                },
-                {
-                    "name": "long",
-                    "share": 1,
-                    "max_tokens": 128,
-                    "prompt_tokens": {
-                        "kind": "lognormal",
-                        "median": 600,
-                        "sigma": 0.3,
-                        "min": 256,
-                        "max": 1400,
-                    },
-                    "output_tokens": {"kind": "lognormal", "median": 64, "sigma": 0.4, "min": 8, "max": 128},
-                },
-            ],
-        },  # fmt: skip
+            "tiers": list(tiers),
+        },
         "pools": [{"name": "cpu", "profile": str(profile), "replicas": 1}],
         "gateway": {"replicas": 1, "poll_interval_s": 0},
         "clients": {"max_retries": 0},
@@ -143,12 +144,14 @@ def calibrate(url: str, out: Path, budget: str, max_concurrency: int = CALIBRATE
     return profile
 
 
-def capacity(url: str, profile: Path, work: Path, requests: int = 60) -> float:
+def capacity(
+    url: str, profile: Path, work: Path, requests: int = 60, tiers: tuple[dict, ...] = TIERS
+) -> float:
     """Requests per second the server completes with every batch slot it can use busy: a burst of the
     workload's requests is sent at once and the rate is the burst over its makespan (first send to last
     finish). The requests of a burst share one batch and finish together, so a rate read between finishes
     would overstate it; the makespan includes the thinning tail, so this errs low, by a little."""
-    doc = scenario(profile, 1000.0, "poisson", 1.0)
+    doc = scenario(profile, 1000.0, "poisson", 1.0, tiers=tiers)
     doc["workload"] |= {"duration_s": None, "requests": requests}
     spec = scenario_from_dict(doc, work / "capacity.yaml")
     run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
@@ -195,11 +198,21 @@ class Point:
     plan: Plan
 
 
-def prepare_point(profile: Path, rate: float, arrival: str, duration_s: float, out: Path, seed: int) -> Point:
+def prepare_point(
+    profile: Path,
+    rate: float,
+    arrival: str,
+    duration_s: float,
+    out: Path,
+    seed: int,
+    tiers: tuple[dict, ...] = TIERS,
+) -> Point:
     """Write the point's scenario under `out` and plan its requests (the same list for every repeat)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scenario.yaml"
-    path.write_text(yaml.safe_dump(scenario(profile, rate, arrival, duration_s, seed), sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(scenario(profile, rate, arrival, duration_s, seed, tiers), sort_keys=False)
+    )
     spec, base = load_scenario(path)
     return Point(out, spec, base, make_plan(spec, base))
 
@@ -222,9 +235,9 @@ def finish_point(point: Point, repeats: int) -> pd.DataFrame:
 
 
 def run_point(url: str, profile: Path, rate: float, arrival: str, duration_s: float, repeats: int, out: Path,
-              seed: int) -> pd.DataFrame:  # fmt: skip
+              seed: int, tiers: tuple[dict, ...] = TIERS) -> pd.DataFrame:  # fmt: skip
     """Replay `repeats` times, simulate what the first repeat sent, compare; returns the compare table."""
-    point = prepare_point(profile, rate, arrival, duration_s, out, seed)
+    point = prepare_point(profile, rate, arrival, duration_s, out, seed, tiers)
     for k in range(1, repeats + 1):
         replay_repeat(url, point, k)
     return finish_point(point, repeats)
@@ -344,6 +357,9 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--workload", type=Path, help="replay the tiers of this scenario instead of the benchmark's mix"
+    )
     ap.add_argument("--resimulate", action="store_true",
                     help="no server: refit the calibration under --out and simulate its runs anew")  # fmt: skip
     args = ap.parse_args()
@@ -352,6 +368,7 @@ def main() -> None:
         return
     if (args.out / "results.md").exists():
         sys.exit(f"{args.out} already holds results; choose another --out")
+    tiers = workload_tiers(args.workload) if args.workload else TIERS
     args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     started = datetime.now(UTC)
@@ -360,12 +377,12 @@ def main() -> None:
         placement = isolate_engine()  # after the server started; what this process starts inherits it
         print(placement, flush=True)
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
-        cap = args.capacity or capacity(url, profile, args.out)
+        cap = args.capacity or capacity(url, profile, args.out, tiers=tiers)
         print(f"capacity: {cap:.2f} requests/s", flush=True)
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
         points = [
-            (arrival, load, prepare_point(profile, load * cap, arrival, args.duration, args.out / f"{arrival}-{load:g}", args.seed))
+            (arrival, load, prepare_point(profile, load * cap, arrival, args.duration, args.out / f"{arrival}-{load:g}", args.seed, tiers))
             for arrival in args.arrivals.split(",")
             for load in (float(x) for x in args.loads.split(","))
         ]  # fmt: skip
@@ -397,6 +414,19 @@ def main() -> None:
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")
     print(text)
+
+
+def workload_tiers(path: Path) -> tuple[dict, ...]:
+    """The tiers of the scenario at `path`, checked as the benchmark's scenario (on the bundled CPU profile)
+    before any server starts, so a bad file stops here with its error; their distributions may not name files."""
+    try:
+        tiers = tuple(yaml.safe_load(path.read_text())["workload"]["tiers"])
+        scenario_from_dict(scenario(Path("smollm2-135m-cpu"), 1.0, "poisson", 1.0, tiers=tiers), path)
+    except InputError as e:
+        sys.exit("\n".join(e.problems))
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as e:
+        sys.exit(f"{path}: workload.tiers: {e}")
+    return tiers
 
 
 def markdown(table: pd.DataFrame) -> str:

@@ -1,0 +1,43 @@
+"""The fidelity benchmark's `--workload`: a user's tiers replace its own mix, checked before any server starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.fidelity import TIERS, scenario, workload_tiers
+from simadmit.config.loading import scenario_from_dict
+from simadmit.workload.build import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_bundled_prompt_heavy_mix_replaces_the_benchmarks_own() -> None:
+    tiers = workload_tiers(ROOT / "benchmarks" / "workloads" / "prompt_heavy.yaml")
+    assert [t["name"] for t in tiers] == ["documents", "long_documents"]
+    doc = scenario(Path("smollm2-135m-cpu"), 20.0, "poisson", 100.0, tiers=tiers)
+    prompts = generate(scenario_from_dict(doc, ROOT / "x.yaml").workload).prompt
+    # 2,000 requests: the mix is prompt-heavy (mean ~530 tokens) with 7% of 1,500-1,800 tokens; the share's
+    # standard error is sqrt(0.07 x 0.93 / 2000) = 0.6 points, so 2 points is over 3 of them
+    assert 450 < prompts.mean() < 620
+    assert abs((prompts >= 1500).mean() - 0.07) < 0.02
+    assert TIERS != tiers
+
+
+def test_a_bad_workload_stops_with_its_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"workload": {"tiers": [{"name": "a", "share": 1, "prompt_tokens": {"kind": "lognormal"}}]}}
+        )
+    )
+    with pytest.raises(SystemExit) as e:
+        workload_tiers(bad)
+    assert str(e.value).startswith(f"{bad}: workload.tiers.0.prompt_tokens")
+    missing = tmp_path / "none.yaml"
+    missing.write_text("name: x\n")
+    with pytest.raises(SystemExit) as e:
+        workload_tiers(missing)
+    assert str(e.value).startswith(f"{missing}: workload.tiers")

@@ -9,9 +9,10 @@ that retry twice, honouring Retry-After plus a jittered backoff (the default sce
 policy, each load (a fraction of the capacity measured with a burst) and each number of gateway replicas
 (separate OS processes, each polling vLLM's `/metrics` every 200 ms into its own view; the attempts go to
 them in turn, as a round-robin load balancer sends them), the request list is replayed `--repeats` times
-with fresh gateways each time, the request list the first repeat sent (`replayed.yaml`) is simulated with
-the same gateway replicas and poll interval, and `compare` sets them side by side: rejection rate and
-latencies of admitted requests.
+with fresh gateways each time (in rounds, every point once per round, so the machine's drift over the hour
+spreads over every point), the request list the first repeat sent (`replayed.yaml`) is simulated with the
+same gateway replicas and poll interval over SIM_DRAWS draws of the clients' jitter, and `compare` sets them
+side by side: rejection rate and latencies of admitted requests.
 
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
@@ -70,7 +71,8 @@ from benchmarks.fidelity import (  # noqa: E402
 )
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
-from simadmit.loadgen.plan import make_plan  # noqa: E402
+from simadmit.config.schema import ScenarioSpec  # noqa: E402
+from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.serve.backends import LivePool  # noqa: E402
@@ -83,6 +85,9 @@ BUDGET_LINE = MAX_POOL_GPU_S * HEADROOM
 POLL_S = 0.2
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "itl_mean_s")
 TTFT_BUDGET_S = 3.0  # predicted_ttft: admit while the chat tier's first token is predicted within this
+# Clients back off with full jitter, so one simulation of a request list is one draw of its retry times:
+# the simulated figures are over this many draws (on the same arrivals), as the real ones are over repeats.
+SIM_DRAWS = 10
 POLICIES = {
     "gpu_seconds": {"kind": "gpu_seconds", "budgets_s": {"chat": 12.0}, "headroom": HEADROOM,
                     "max_pool_gpu_seconds": MAX_POOL_GPU_S},
@@ -276,12 +281,13 @@ def real_budget(folder: Path, estimator: CostEstimator, prior: float) -> Budget:
 
 
 def sim_budget(folder: Path, estimator: CostEstimator) -> tuple[float, float]:
-    """The simulation's peak admitted work in flight and its gateways' mean view gap (`view_gap`)."""
+    """The simulation's peak admitted work in flight (mean over its draws) and its gateways' mean view gap
+    (`view_gap`, over the admissions of every draw)."""
     req = pd.read_parquet(folder / "requests.parquet")
-    truth, gap = view_gap(req, estimator, "admit_s")
-    return (float(truth.max()) if len(truth) else 0.0), (
-        float(np.nanmean(gap)) if np.isfinite(gap).any() else math.nan
-    )
+    draws = [view_gap(one, estimator, "admit_s") for _, one in req.groupby("seed")]
+    peak = [float(truth.max()) if len(truth) else 0.0 for truth, _ in draws]
+    gap = np.concatenate([g for _, g in draws])
+    return float(np.mean(peak)), (float(np.nanmean(gap)) if np.isfinite(gap).any() else math.nan)
 
 
 # --- one point ----------------------------------------------------------------------------------------------
@@ -297,38 +303,66 @@ class Point:
     probes: list[float]  # the speed probe before each real repeat, over its reading after calibrating
 
 
-def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
-              repeats: int, out: Path, reference: float | None = None) -> Point:  # fmt: skip
-    """Replay `repeats` times through fresh gateways, simulate what the first repeat sent, compare. Before
-    each repeat, the speed probe (`benchmarks.fidelity.speed_probe`) over its `reference` reading: a point
-    whose probe strays from 1 ran on a server faster or slower than the one calibrated, which the
-    latencies (and so the predicted-TTFT policy's decisions) follow. No probe without a reference."""
+@dataclass(frozen=True)
+class Planned:
+    """One point before its runs: its folder, scenario and the request list every repeat sends."""
+
+    out: Path
+    path: Path  # its scenario.yaml
+    spec: ScenarioSpec
+    base: Path
+    plan: Plan
+    policy: str
+    n_gateways: int
+
+
+def prepare_point(
+    profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float, out: Path
+) -> Planned:
+    """Write the point's scenario under `out` and plan its requests (the same list for every repeat)."""
     path = write_scenario(scenario(profile, rate, duration_s, policy, n_gateways), out / "scenario.yaml")
     spec, base = load_scenario(path)
-    plan = make_plan(spec, base)
-    world = build_world(spec, base)
-    estimator = world.pools[0].estimator
-    prior = estimator.estimate(0, OUTPUT)  # what a gateway prices others' requests at before its first admit
-    budgets = []
+    return Planned(out, path, spec, base, make_plan(spec, base), policy, n_gateways)
+
+
+def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: float | None) -> None:
+    """Replay the point's request list once through fresh gateways into OUT/real/repeat-k. Before it, the
+    speed probe (`benchmarks.fidelity.speed_probe`) over its `reference` reading: a repeat whose probe strays
+    from 1 ran on a server faster or slower than the one calibrated, which the latencies (and so the
+    predicted-TTFT policy's decisions) follow. No probe without a reference."""
+    time.sleep(2.0)  # let the server settle between runs
+    where = point.out / "real" / f"repeat-{k}"
+    where.mkdir(parents=True, exist_ok=True)
+    speed = math.nan
+    if reference is not None:
+        speed = speed_probe(url, profile, point.out) / reference
+        (where / "speed_probe.json").write_text(json.dumps({"speed": speed}) + "\n")
+    with gateways(point.path, url, point.policy, point.n_gateways, where / "logs") as urls:
+        cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,
+                           metrics_interval_s=POLL_S)  # fmt: skip
+        run = replay(point.plan, cfg, random.Random())
+    facts = write_run(run, point.spec, point.base, where, "real")
+    estimator = build_world(point.spec, point.base).pools[0].estimator
+    budget = real_budget(where, estimator, estimator.estimate(0, OUTPUT))
+    lag = facts["send_lag_s"]
+    print(f"  repeat {k} (speed probe {speed:.2f}): {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
+          f"{facts['kept_up']}; {budget}", flush=True)  # fmt: skip
+
+
+def finish_point(point: Planned, repeats: int) -> Point:
+    """Simulate what the first repeat sent, over SIM_DRAWS draws of the clients' jitter, and compare."""
+    simulate_and_compare(point.out, repeats, replications=SIM_DRAWS)
+    return load_point(point.out)
+
+
+def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
+              repeats: int, out: Path, reference: float | None = None) -> Point:  # fmt: skip
+    """Replay `repeats` times back to back through fresh gateways (`replay_repeat`), then simulate and
+    compare (`finish_point`)."""
+    point = prepare_point(profile, policy, n_gateways, rate, duration_s, out)
     for k in range(1, repeats + 1):
-        time.sleep(2.0)  # let the server settle between runs
-        where = out / "real" / f"repeat-{k}"
-        where.mkdir(parents=True, exist_ok=True)
-        speed = math.nan
-        if reference is not None:
-            speed = speed_probe(url, profile, out) / reference
-            (where / "speed_probe.json").write_text(json.dumps({"speed": speed}) + "\n")
-        with gateways(path, url, policy, n_gateways, where / "logs") as urls:
-            cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,
-                               metrics_interval_s=POLL_S)  # fmt: skip
-            run = replay(plan, cfg, random.Random())
-        facts = write_run(run, spec, base, where, "real")
-        budgets.append(real_budget(where, estimator, prior))
-        lag = facts["send_lag_s"]
-        print(f"  repeat {k} (speed probe {speed:.2f}): {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
-              f"{facts['kept_up']}; {budgets[-1]}", flush=True)  # fmt: skip
-    simulate_and_compare(out, repeats)
-    return load_point(out)
+        replay_repeat(url, profile, point, k, reference)
+    return finish_point(point, repeats)
 
 
 def load_point(out: Path) -> Point:
@@ -433,21 +467,27 @@ def main() -> None:
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
-        for policy in args.policies.split(","):
-            for n in (int(x) for x in args.gateways.split(",")):
-                for load in (float(x) for x in args.loads.split(",")):
-                    print(f"{policy}, {n} gateway(s), {load:.0%} ({load * cap:.2f} req/s)", flush=True)
-                    where = args.out / f"{policy}-g{n}-{load:g}"
-                    try:
-                        point = run_point(
-                            url, profile, policy, n, load * cap, args.duration, args.repeats, where, reference
-                        )
-                    except Exception:  # noqa: BLE001 - one failed point must not lose the others
-                        traceback.print_exc()
-                        continue
-                    rows.append(row(policy, n, load, point))
-                    print(rows[-1], flush=True)
-                    (args.out / "results-so-far.md").write_text(markdown(pd.DataFrame(rows)) + "\n")
+        points = [
+            (policy, n, load, prepare_point(profile, policy, n, load * cap, args.duration, args.out / f"{policy}-g{n}-{load:g}"))
+            for policy in args.policies.split(",")
+            for n in (int(x) for x in args.gateways.split(","))
+            for load in (float(x) for x in args.loads.split(","))
+        ]  # fmt: skip
+        failed: set[Path] = set()  # one failed point must not lose the others
+        for k in range(1, args.repeats + 1):  # round k replays every point once: drift spreads over all
+            for policy, n, load, point in points:
+                if point.out in failed:
+                    continue
+                print(f"round {k}: {policy}, {n} gateway(s), {load:.0%} ({load * cap:.2f} req/s)", flush=True)
+                try:
+                    replay_repeat(url, profile, point, k, reference)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+                    failed.add(point.out)
+        for policy, n, load, point in points:
+            if point.out not in failed:
+                rows.append(row(policy, n, load, finish_point(point, args.repeats)))
+                print(rows[-1], flush=True)
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "

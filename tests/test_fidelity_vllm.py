@@ -66,9 +66,10 @@ def test_replay_writes_tables_that_compare_reads(
 
 
 @pytest.mark.xfail(
-    reason="on a shared 2-core machine the simulation missed the target by 5-25 points (TTFT too fast at 30%, "
-    "E2E too slow at 90%); on a quiet one, with the roofline step model, it met it (errors within 8%), but the "
-    "benchmark's Poisson points still miss E2E mean by 1-2 points; it prints its tables either way",
+    reason="the benchmark meets the target at its Poisson points on a quiet machine with vLLM's engine on a "
+    "core of its own (README, full runs of 2026-12-03 and -04); here nothing keeps the test process and its "
+    "load client off the engine's core, and a 20 s run's means follow the machine's speed, which wanders by "
+    "10-25% over minutes on a shared 2-core machine: by more than the 10% target; it prints its tables either way",
     strict=False,
 )
 def test_reduced_fidelity_meets_the_target_at_two_loads(

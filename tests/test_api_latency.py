@@ -77,6 +77,30 @@ def test_a_lone_request_takes_its_solo_service_plus_the_latency(tmp_path: Path) 
     assert got["e2e_s"][0] == pytest.approx(solo_service_s(profile.step_time, budget, 1000, 20) + LATENCY)
 
 
+def test_a_client_that_gives_up_before_the_first_token_reaches_it_has_abandoned(tmp_path: Path) -> None:
+    """A lone request whose client gives up after the engine produced its first token but before the API
+    server delivered it (half the latency later) ends without an answer or a TTFT; a client a little more
+    patient (the latency and a half later) gets both."""
+    profile = load_profile(_with_latency(tmp_path, LATENCY))
+    engine_ttft = solo_service_s(profile.step_time, profile.engine.max_num_batched_tokens, 1000)
+    outcomes = []
+    for patience in (engine_ttft + LATENCY / 2, engine_ttft + 1.5 * LATENCY):
+        doc = _small_doc()
+        doc["pools"][0]["profile"] = str(_with_latency(tmp_path, LATENCY))
+        doc["workload"] |= {"duration_s": None, "requests": 1}
+        doc["workload"]["tiers"] = [{"name": "interactive", "share": 1, "max_tokens": 20,
+                                     "prompt_tokens": {"kind": "fixed", "value": 1000},
+                                     "output_tokens": {"kind": "fixed", "value": 20}}]  # fmt: skip
+        doc["clients"]["abandon_after_s"] = patience
+        doc["policies"] = [{"kind": "unconditional"}]
+        spec = scenario_from_dict(doc, ROOT / "tests" / "small.yaml")
+        req = run_scenario(spec, build_world(spec, ROOT), keep_tables=True).requests
+        outcomes.append((req["outcome"].iloc[0], float(req["ttft_s"].iloc[0])))
+    (gave_up, no_ttft), (served, ttft) = outcomes
+    assert gave_up != "completed" and np.isnan(no_ttft)
+    assert served == "completed" and ttft == pytest.approx(engine_ttft + LATENCY)
+
+
 @pytest.mark.parametrize("offset", [TRUE[6], -0.004])
 def test_calibration_writes_the_fitted_offset_never_below_zero(tmp_path: Path, offset: float) -> None:
     """The fit's TTFT offset (free in sign, so it does not leak into the step costs) becomes the profile's

@@ -176,3 +176,11 @@ class OutputQuantile:
         if len(seen) < self.warmup:
             return float(max_tokens)
         return min(float(max_tokens), float(np.quantile(seen, self.q)))
+
+
+def output_learning(mode: str) -> tuple[OutputLearner | OutputQuantile | None, CostCorrection | None]:
+    """What one gateway learns from the answers it streams under `gateway.estimate_output`: the output
+    lengths it charges (`learned`: their mean, `quantile`: their 90th percentile) or a correction of its
+    charges (`ewma`); nothing for `max_tokens` and `oracle` (charged from the request itself)."""
+    learner = {"learned": OutputLearner, "quantile": OutputQuantile}.get(mode)
+    return (learner() if learner else None), (CostCorrection() if mode == "ewma" else None)

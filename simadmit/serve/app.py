@@ -35,7 +35,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from simadmit.admission.estimator import OutputLearner
+from simadmit.admission.estimator import output_learning
 from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
 from simadmit.admission.predictive import StatefulPolicy
@@ -80,7 +80,7 @@ class GatewayServer:
         self.settings = s = settings
         world = s.world
         g = world.gateway
-        learner = OutputLearner() if g.estimate_output == "learned" else None
+        learner, correction = output_learning(g.estimate_output)
         engines = [
             EngineModel.of(p.gateway_profile, p.limits.max_num_batched_tokens, p.priorities)
             for p in world.pools
@@ -91,11 +91,12 @@ class GatewayServer:
             [p.max_request_tokens for p in world.pools],
             learner,
             engines,
-            shed_lost_deadlines=g.shed_lost_deadlines,
+            correction,
+            g.shed_lost_deadlines,
         )
         # read each answer's length (asking a stream for its usage) when something learns from it: an output
         # learner, or a policy with state (predicted_ttft's output lengths and decode step)
-        self.learn = learner is not None or isinstance(s.policy, StatefulPolicy)
+        self.learn = learner is not None or correction is not None or isinstance(s.policy, StatefulPolicy)
         self.routing = g.routing
         self.live = g.poll_interval_s == 0
         self.poll_s = max(g.poll_interval_s, MIN_POLL_S)
@@ -391,7 +392,7 @@ class GatewayServer:
         elif exchange.failure is not None and not exchange.shed:
             self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
         if exchange.completed and exchange.output_tokens is not None:
-            self.gateway.observe_completion(req, exchange.output_tokens, self.now())
+            self.gateway.observe_completion(req, exchange.output_tokens, self.now(), self.pools.index(pool))
         else:  # a learning policy stops waiting for its length
             self.gateway.observe_abort(req, self.now())
 

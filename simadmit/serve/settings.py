@@ -14,7 +14,7 @@ from pathlib import Path
 
 from simadmit.admission.policies import AdmissionPolicy
 from simadmit.calibrate.client import normalize_base_url
-from simadmit.config.errors import InputError
+from simadmit.config.errors import InputError, problem
 from simadmit.config.schema import (
     GatewayHttpSpec,
     GpuSecondsSpec,
@@ -94,6 +94,9 @@ def serve_settings(
     spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, source: Path | None = None
 ) -> ServeSettings:
     """What the gateway runs, from the scenario (`source`, named in its problems) and the command line."""
+    if spec.gateway.estimate_output == "oracle":
+        why = "oracle charges each request its true output, which a live gateway cannot know beforehand"
+        raise InputError([problem(source, "gateway.estimate_output", why)])
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     http = spec.gateway.http

@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from simadmit.admission.client import Client
-from simadmit.admission.estimator import CostCorrection, CostEstimator, OutputLearner, OutputQuantile
+from simadmit.admission.estimator import CostEstimator, output_learning
 from simadmit.admission.gateway import TOO_LONG, Gateway, PoolSnapshot
 from simadmit.admission.policies import AdmissionPolicy, Request
 from simadmit.admission.predictive import StatefulPolicy
@@ -123,26 +123,14 @@ class Simulation(RequestListener):
             for cfg in world.pools
         ]
         g = world.gateway
-        if isinstance(policy, StatefulPolicy):  # every run starts with nothing learned
-            policy = policy.fresh()
-        mode = g.estimate_output
-        learner: OutputLearner | OutputQuantile | None = None  # all gateways see all streams
-        if mode == "learned":
-            learner = OutputLearner()
-        elif mode == "quantile":
-            learner = OutputQuantile()
-        correction = CostCorrection() if mode == "ewma" else None
-        self.oracle = mode == "oracle"  # a study's bound: the gateway charges the true output
+        self.oracle = g.estimate_output == "oracle"  # a study's bound: the gateway charges the true output
         estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
         engines = [
             EngineModel.of(cfg.gateway_profile, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
-        self.gateways = [
-            Gateway(policy, estimators, limits, learner, engines, correction, g.shed_lost_deadlines)
-            for _ in range(g.replicas)
-        ]
+        self.gateways = [self._gateway(policy, estimators, limits, engines) for _ in range(g.replicas)]
         self.live = g.poll_interval_s == 0
         # each gateway's books, for its view from the engines' published gauges (None: the pools' exact state)
         self.views: list[GatewayView] | None = None
@@ -166,6 +154,21 @@ class Simulation(RequestListener):
         self.sheds = self.gateways[0].sheds and bool(np.isfinite(workload.deadline).any())
         self.waiting_with_deadline: dict[int, int] = {}
         self.shed: list[int] = []
+
+    def _gateway(
+        self,
+        policy: AdmissionPolicy,
+        estimators: list[CostEstimator],
+        limits: list[int],
+        engines: list[EngineModel],
+    ) -> Gateway:
+        """One gateway replica with state of its own: it learns only from the answers it streams back (as a
+        separate gateway process does), and starts each run with nothing learned."""
+        g = self.world.gateway
+        learner, correction = output_learning(g.estimate_output)
+        if isinstance(policy, StatefulPolicy):
+            policy = policy.fresh()
+        return Gateway(policy, estimators, limits, learner, engines, correction, g.shed_lost_deadlines)
 
     # --- arrivals and decisions ------------------------------------------------------------------------
 
@@ -277,10 +280,12 @@ class Simulation(RequestListener):
         self.env.timeout(delay).callbacks.append(lambda _e: self._attempt(rid))
 
     def _abandon(self, rid: int) -> None:
-        """The client's timeout: give up unless a first token has arrived."""
+        """The client's timeout: give up unless a first token has reached it. One the engine produced but
+        still on its way through the API server (`api_latency_s`) comes too late: it is never seen."""
         led = self.ledger
-        if led.outcome[rid] != PENDING or led.first_token[rid] == led.first_token[rid]:
+        if led.outcome[rid] != PENDING or led.first_token[rid] <= self.env.now:
             return
+        led.first_token[rid] = math.nan
         if led.admit[rid] == led.admit[rid]:
             self.pools[led.pool[rid]].abort(rid)
         else:
@@ -312,7 +317,7 @@ class Simulation(RequestListener):
             view = self.views[self.sender[rid]]
             request = self.requests[rid]
             view.answering(led.pool[rid], led.replica[rid], rid, request.tier, request.prompt_tokens)
-        self.gateways[0].observe_first_token(self.requests[rid], led.admit[rid], seen)
+        self.gateways[self.sender[rid]].observe_first_token(self.requests[rid], led.admit[rid], seen)
 
     def on_finish(self, rid: int, now: float) -> None:
         self.waiting_with_deadline.pop(rid, None)
@@ -321,7 +326,9 @@ class Simulation(RequestListener):
         led.finish[rid] = seen
         led.outcome[rid] = COMPLETED
         self._release(rid)
-        self.gateways[0].observe_completion(self.requests[rid], self.output[rid], seen, led.pool[rid])
+        self.gateways[self.sender[rid]].observe_completion(
+            self.requests[rid], self.output[rid], seen, led.pool[rid]
+        )
         self._done(rid)
 
     def on_aborted(self, rid: int, now: float) -> None:
@@ -330,7 +337,7 @@ class Simulation(RequestListener):
         led.finish[rid] = now
         led.outcome[rid] = ABORTED
         self._release(rid)
-        self.gateways[0].observe_abort(self.requests[rid], now)
+        self.gateways[self.sender[rid]].observe_abort(self.requests[rid], now)
         self._done(rid)
 
     def _release(self, rid: int) -> None:
@@ -396,14 +403,14 @@ class Simulation(RequestListener):
     @property
     def shed_interval_s(self) -> float:
         """Admitted requests are swept for lost deadlines as often as gateways poll (every 0.1 s when they
-        read live); the policy says which to drop."""
+        read live); the gateway that admitted each says whether to drop it."""
         return self.world.gateway.poll_interval_s or 0.1
 
     def _shed_loop(self, _ev: simpy.Event) -> None:
         now = self.env.now
-        gateway = self.gateways[0]
         scheduled = self.ledger.scheduled
         for rid, p in list(self.waiting_with_deadline.items()):
+            gateway = self.gateways[self.sender[rid]]  # the one that admitted it, with what it has learned
             if gateway.lost(self.requests[rid], p, now, scheduled[rid] == scheduled[rid]):
                 self.shed.append(rid)
                 self.pools[p].abort(rid)  # reported back as aborted: the ledger's outcome

@@ -1,0 +1,83 @@
+"""Each gateway replica learns only from the answers it streams back, in the simulator as in the live gateway:
+separate gateway processes share no state, so a simulation whose replicas pooled what they learned would
+warm up twice as fast as the deployment it stands for. The live gateway learns under every
+`estimate_output` the simulator does, and refuses the one it cannot know (`oracle`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simadmit.admission.estimator import CostCorrection, OutputLearner, OutputQuantile
+from simadmit.admission.policies import Request
+from simadmit.admission.predictive import PredictedTtft
+from simadmit.config.errors import InputError
+from simadmit.config.loading import load_scenario
+from simadmit.config.resources import default_scenario
+from simadmit.sim.ledger import COMPLETED
+from simadmit.sim.simulation import Simulation
+from simadmit.sim.world import build_policies, build_world
+from simadmit.workload.build import generate
+from tests.serve_fake import FakeVllm
+from tests.serve_helpers import completion, make_server, stack, until
+
+
+def test_each_simulated_gateway_learns_from_the_requests_it_admitted() -> None:
+    spec, base = load_scenario(default_scenario(), {
+        "workload.duration_s": 60, "gateway.replicas": 3, "gateway.estimate_output": "learned",
+    })  # fmt: skip
+    workload = generate(spec.workload)
+    policy = build_policies(spec)["predicted_ttft"]
+    sim = Simulation(build_world(spec, base), workload, policy, spec.workload.seed)
+    led = sim.run("predicted_ttft").ledger
+    completed = np.asarray(led.outcome) == COMPLETED
+    sender = np.asarray(sim.sender)
+    policies = [g.policy for g in sim.gateways]
+    assert len({id(p) for p in policies}) == 3 and all(isinstance(p, PredictedTtft) for p in policies)
+    for g, gateway in enumerate(sim.gateways):
+        mine = int((completed & (sender == g)).sum())
+        assert mine > 100  # round-robin: each admitted about a third
+        assert isinstance(gateway.learner, OutputLearner)
+        assert sum(gateway.learner.count.values()) == mine  # its own completions, not the others'
+        policy = gateway.policy
+        assert isinstance(policy, PredictedTtft)
+        assert sum(policy.decode_ratio.count.values()) <= mine  # its own streams' decode steps
+        assert policy.pending == {} and policy.decoding == {}  # every request it admitted has ended
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"), [("learned", OutputLearner), ("quantile", OutputQuantile), ("ewma", CostCorrection)]
+)
+def test_the_live_gateway_learns_under_every_estimate_the_simulator_has(
+    tmp_path: Path, mode: str, kind: type
+) -> None:
+    async def main() -> None:
+        async with stack(tmp_path, [FakeVllm(output_tokens=5)], gateway__estimate_output=mode) as (
+            server,
+            client,
+        ):
+            gateway = server.gateway
+            learned = gateway.correction if mode == "ewma" else gateway.learner
+            assert isinstance(learned, kind) and server.learn
+            for _ in range(25):  # past every learner's warm-up of 20
+                response = await client.post("/v1/completions", json=completion(max_tokens=100, stream=True))
+                assert response.status_code == 200
+                await until(lambda: gateway.views[0].in_flight_gpu_s == 0)  # a poll saw it end: no backlog
+            await until(lambda: server.pools[0].own_requests == 0)
+            charged = gateway.estimate(Request(10_000, "interactive", 10, 100, 0.0, None), 0)
+            # 5-token answers lower the charge of a request that may write 100
+            assert charged < 0.9 * gateway.estimators[0].estimate(10, 100)
+
+    asyncio.run(main())
+
+
+def test_the_live_gateway_refuses_the_oracle(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as e:
+        make_server(tmp_path, ["http://127.0.0.1:9"], gateway__estimate_output="oracle")
+    assert e.value.problems[0].endswith(
+        "gateway.estimate_output: oracle charges each request its true output, which a live gateway cannot "
+        "know beforehand"
+    )

@@ -48,6 +48,27 @@ def test_each_simulated_gateway_learns_from_the_requests_it_admitted() -> None:
         assert policy.pending == {} and policy.decoding == {}  # every request it admitted has ended
 
 
+def test_a_central_limiter_is_one_counter_for_every_simulated_gateway() -> None:
+    """A rate limiter's counters stand for a central store (Redis) the replicas share: with three gateways the
+    interactive tier (~130k prompt tokens/s offered) still gets through only its bucket's 40k/s, where three
+    buckets of its own would let in nearly all of it."""
+    rate, burst = 40_000, 80_000
+    spec, base = load_scenario(default_scenario(), {
+        "workload.duration_s": 60, "gateway.replicas": 3,
+        "policies": [{"kind": "token_bucket", "tiers": {"interactive": {"rate": rate, "burst": burst}}}],
+    })  # fmt: skip
+    workload = generate(spec.workload)
+    policy = build_policies(spec)["token_bucket"]
+    sim = Simulation(build_world(spec, base), workload, policy, spec.workload.seed)
+    led = sim.run("token_bucket").ledger
+    assert len({id(g.policy) for g in sim.gateways}) == 1
+    interactive = workload.tier == workload.tier_names.index("interactive")
+    admitted = np.isfinite(np.asarray(led.admit))
+    span = float(np.nanmax(np.asarray(led.admit)))
+    assert workload.prompt[interactive].sum() > 2.5 * (burst + rate * span)  # the bucket binds
+    assert workload.prompt[interactive & admitted].sum() <= burst + rate * span
+
+
 @pytest.mark.parametrize(
     ("mode", "kind"), [("learned", OutputLearner), ("quantile", OutputQuantile), ("ewma", CostCorrection)]
 )

@@ -12,14 +12,15 @@
 - `PostHocTokens`: tokens charged after completion (prompt + actual output) against a per-minute budget
   per tier, as AI gateways that meter usage from responses do; what is in flight is not counted yet.
 
-Each is a plain object, like every policy. The stateful ones are shared by a pool's gateway replicas,
-as a central limiter (a Redis counter) would be.
+Each is a plain object, like every policy. The stateful ones are `central`: shared by a pool's gateway
+replicas, as a central limiter (a Redis counter) would be.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from simadmit.admission.policies import ADMIT, AdmissionPolicy, Decision, PoolView, Request, retry_after
 from simadmit.admission.predictive import StatefulPolicy
@@ -62,6 +63,8 @@ class TokenBucket(StatefulPolicy):
     tokens, or is rejected (`rate_limited`) with a Retry-After of the time the bucket needs to hold them.
     Tiers without a bucket are not limited. A prompt larger than the burst can never pass."""
 
+    central: ClassVar[bool] = True
+
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tier -> (rate, burst)
     level: dict[str, float] = field(default_factory=dict, init=False)
     updated: dict[str, float] = field(default_factory=dict, init=False)
@@ -90,6 +93,8 @@ class TokenBucket(StatefulPolicy):
 class RateLimits(StatefulPolicy):
     """Per tier: at most `rpm` requests and `tpm` tokens (prompt + max_tokens) per fixed one-minute window
     ([0, 60), [60, 120), ...); over either, `rate_limited` with a Retry-After to the next window."""
+
+    central: ClassVar[bool] = True
 
     limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # tier -> (rpm, tpm)
     window_s: float = 60.0
@@ -124,6 +129,8 @@ class PostHocTokens(StatefulPolicy):
     """Per tier: a budget of tokens per fixed window, charged when a request completes (prompt + actual
     output). Requests are let in while the window's charged tokens are under the budget, so everything in
     flight when the budget runs out still lands on it: the overshoot post-hoc metering allows."""
+
+    central: ClassVar[bool] = True
 
     budgets: dict[str, float] = field(default_factory=dict)  # tier -> tokens per window
     window_s: float = 60.0

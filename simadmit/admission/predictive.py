@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from simadmit.admission.estimator import RatioEwma
 from simadmit.admission.policies import (
@@ -46,7 +47,12 @@ ALL = "*"  # key of statistics over every tier
 
 class StatefulPolicy(AdmissionPolicy):
     """A policy with state (learned, or counted like a rate limiter's). The gateway reports each admitted
-    request's first token and completion; `fresh` gives a copy with no state, so every run starts cold."""
+    request's first token and completion; `fresh` gives a copy with no state, so every run starts cold.
+
+    `central`: the state is one counter every gateway replica shares (a rate limiter's, kept in Redis);
+    otherwise each replica keeps its own, learned from the answers it proxies."""
+
+    central: ClassVar[bool] = False
 
     def fresh(self) -> StatefulPolicy:
         raise NotImplementedError

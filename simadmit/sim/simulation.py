@@ -130,6 +130,8 @@ class Simulation(RequestListener):
             EngineModel.of(cfg.gateway_profile, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
+        if isinstance(policy, StatefulPolicy):  # every run starts with nothing learned or counted
+            policy = policy.fresh()
         self.gateways = [self._gateway(policy, estimators, limits, engines) for _ in range(g.replicas)]
         self.live = g.poll_interval_s == 0
         # each gateway's books, for its view from the engines' published gauges (None: the pools' exact state)
@@ -162,11 +164,11 @@ class Simulation(RequestListener):
         limits: list[int],
         engines: list[EngineModel],
     ) -> Gateway:
-        """One gateway replica with state of its own: it learns only from the answers it streams back (as a
-        separate gateway process does), and starts each run with nothing learned."""
+        """One gateway replica: what it learns, it learns from the answers it streams back only (as a
+        separate gateway process does); a central policy's counters it shares with the others."""
         g = self.world.gateway
         learner, correction = output_learning(g.estimate_output)
-        if isinstance(policy, StatefulPolicy):
+        if isinstance(policy, StatefulPolicy) and not policy.central:
             policy = policy.fresh()
         return Gateway(policy, estimators, limits, learner, engines, correction, g.shed_lost_deadlines)
 

@@ -473,20 +473,23 @@ def main() -> None:
             for n in (int(x) for x in args.gateways.split(","))
             for load in (float(x) for x in args.loads.split(","))
         ]  # fmt: skip
-        failed: set[Path] = set()  # one failed point must not lose the others
+        done: dict[Path, int] = {}  # repeats each point has; a point that fails stops there, the others go on
         for k in range(1, args.repeats + 1):  # round k replays every point once: drift spreads over all
             for policy, n, load, point in points:
-                if point.out in failed:
+                if done.get(point.out, 0) < k - 1:
                     continue
                 print(f"round {k}: {policy}, {n} gateway(s), {load:.0%} ({load * cap:.2f} req/s)", flush=True)
                 try:
                     replay_repeat(url, profile, point, k, reference)
+                    done[point.out] = k
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
-                    failed.add(point.out)
+                    partial = point.out / "real" / f"repeat-{k}"
+                    if partial.exists():  # kept for a look, out of the way of the repeats compared
+                        partial.rename(partial.with_name(f"failed-repeat-{k}"))
         for policy, n, load, point in points:
-            if point.out not in failed:
-                rows.append(row(policy, n, load, finish_point(point, args.repeats)))
+            if done.get(point.out, 0) > 0:  # compared on the repeats it has
+                rows.append(row(policy, n, load, finish_point(point, done[point.out])))
                 print(rows[-1], flush=True)
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "

@@ -130,7 +130,7 @@ class Simulation(RequestListener):
             EngineModel.of(cfg.gateway_profile, cfg.limits.max_num_batched_tokens, cfg.priorities)
             for cfg in world.pools
         ]
-        if isinstance(policy, StatefulPolicy):  # every run starts with nothing learned or counted
+        if isinstance(policy, StatefulPolicy) and policy.central:  # one counter for all, new every run
             policy = policy.fresh()
         self.gateways = [self._gateway(policy, estimators, limits, engines) for _ in range(g.replicas)]
         self.live = g.poll_interval_s == 0
@@ -165,7 +165,8 @@ class Simulation(RequestListener):
         engines: list[EngineModel],
     ) -> Gateway:
         """One gateway replica: what it learns, it learns from the answers it streams back only (as a
-        separate gateway process does); a central policy's counters it shares with the others."""
+        separate gateway process does), starting each run with nothing learned; a central policy's
+        counters it shares with the others."""
         g = self.world.gateway
         learner, correction = output_learning(g.estimate_output)
         if isinstance(policy, StatefulPolicy) and not policy.central:

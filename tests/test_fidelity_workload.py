@@ -10,6 +10,7 @@ import yaml
 from benchmarks.fidelity import TIERS, scenario, workload_tiers
 from simadmit.config.loading import scenario_from_dict
 from simadmit.workload.build import generate
+from tests.vllm_server import MAX_MODEL_LEN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +42,13 @@ def test_a_bad_workload_stops_with_its_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         workload_tiers(missing)
     assert str(e.value).startswith(f"{missing}: workload.tiers")
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "benchmarks" / "workloads").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_bundled_workload_fits_the_test_servers_context(path: Path) -> None:
+    """A request whose prompt and answer exceed the context is refused by vLLM (400), so a bundled mix that
+    could draw one would measure refusals, not latencies."""
+    for tier in workload_tiers(path):
+        assert tier["prompt_tokens"]["max"] + tier["max_tokens"] <= MAX_MODEL_LEN, tier["name"]

@@ -1,7 +1,8 @@
 """Each gateway replica learns only from the answers it streams back, in the simulator as in the live gateway:
 separate gateway processes share no state, so a simulation whose replicas pooled what they learned would
 warm up twice as fast as the deployment it stands for. The live gateway learns under every
-`estimate_output` the simulator does, and refuses the one it cannot know (`oracle`)."""
+`estimate_output` the simulator does, and refuses the one it cannot know (`oracle`). A rate limiter, one
+shared counter in the simulation, is shared out among the deployed processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from simadmit.admission.estimator import CostCorrection, OutputLearner, OutputQuantile
-from simadmit.admission.policies import Request
+from simadmit.admission.policies import PoolView, Request
 from simadmit.admission.predictive import PredictedTtft
 from simadmit.config.errors import InputError
 from simadmit.config.loading import load_scenario
@@ -102,3 +103,32 @@ def test_the_live_gateway_refuses_the_oracle(tmp_path: Path) -> None:
         "gateway.estimate_output: oracle charges each request its true output, which a live gateway cannot "
         "know beforehand"
     )
+
+
+@pytest.mark.parametrize(
+    ("limiter", "burst"),
+    [
+        ({"kind": "token_bucket", "tiers": {"interactive": {"rate": 100, "burst": 200}}}, 20),
+        ({"kind": "rate_limit", "tiers": {"interactive": {"rpm": 600, "tpm": 60_000}}}, 0),
+    ],
+    ids=["token_bucket", "rate_limit"],
+)
+def test_live_gateway_processes_together_let_through_the_simulated_limit(
+    tmp_path: Path, limiter: dict, burst: int
+) -> None:
+    """Three processes for `gateway.replicas: 3`, a balancer sending them a third of the requests each: over
+    a minute they let through what the simulated central limiter does (its rate: 10 requests/s of 10 prompt
+    tokens, 600 a minute), not three times it; each bucket keeps the whole burst (`burst` requests)."""
+    processes = [
+        make_server(tmp_path, ["http://127.0.0.1:9"], gateway__replicas=3, policies=[limiter])
+        for _ in range(3)
+    ]
+    central = make_server(tmp_path, ["http://127.0.0.1:9"], policies=[limiter])
+    assert processes[0].settings.limit_share == 3 and central.settings.limit_share == 1
+    requests = [Request(i, "interactive", 10, 90, i * 0.01, None) for i in range(5_999)]  # 100 a second
+    shared = sum(central.settings.policy.decide(r, 0.1, PoolView(), r.arrival_s).admit for r in requests)
+    split = sum(
+        processes[r.id % 3].settings.policy.decide(r, 0.1, PoolView(), r.arrival_s).admit for r in requests
+    )
+    assert 590 <= shared <= 600 + burst
+    assert 590 <= split <= 600 + 3 * burst

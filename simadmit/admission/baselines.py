@@ -72,6 +72,11 @@ class TokenBucket(StatefulPolicy):
     def fresh(self) -> TokenBucket:
         return TokenBucket(dict(self.buckets))
 
+    def split(self, processes: int) -> TokenBucket:
+        """Each bucket refills at 1/`processes` of the rate and keeps the whole burst: a prompt the shared
+        bucket passes still passes one process, and over time they pass the shared rate."""
+        return TokenBucket({t: (rate / processes, burst) for t, (rate, burst) in self.buckets.items()})
+
     def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
         bucket = self.buckets.get(request.tier)
         if bucket is None:
@@ -104,6 +109,14 @@ class RateLimits(StatefulPolicy):
 
     def fresh(self) -> RateLimits:
         return RateLimits(dict(self.limits), self.window_s)
+
+    def split(self, processes: int) -> RateLimits:
+        """1/`processes` of each tier's requests and tokens per window."""
+        limits = {
+            t: (None if rpm is None else rpm / processes, None if tpm is None else tpm / processes)
+            for t, (rpm, tpm) in self.limits.items()
+        }
+        return RateLimits(limits, self.window_s)
 
     def decide(self, request: Request, estimate_gpu_s: float, view: PoolView, now: float) -> Decision:
         limit = self.limits.get(request.tier)
@@ -139,6 +152,10 @@ class PostHocTokens(StatefulPolicy):
 
     def fresh(self) -> PostHocTokens:
         return PostHocTokens(dict(self.budgets), self.window_s)
+
+    def split(self, processes: int) -> PostHocTokens:
+        """1/`processes` of each tier's token budget per window."""
+        return PostHocTokens({t: b / processes for t, b in self.budgets.items()}, self.window_s)
 
     def _used(self, tier: str, now: float) -> float:
         w = int(now // self.window_s)

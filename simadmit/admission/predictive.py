@@ -57,6 +57,11 @@ class StatefulPolicy(AdmissionPolicy):
     def fresh(self) -> StatefulPolicy:
         raise NotImplementedError
 
+    def split(self, processes: int) -> StatefulPolicy:
+        """A fresh copy for one of `processes` live gateways that cannot share a counter: a central policy
+        gets 1/`processes` of its limits, so that together they let through what the simulated one does."""
+        return self.fresh()
+
     def observe_first_token(self, request: Request, admitted_s: float, now: float) -> None: ...
 
     def observe_completion(self, request: Request, output_tokens: int, now: float) -> None: ...

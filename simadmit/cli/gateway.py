@@ -79,6 +79,11 @@ def gateway(
     typer.echo(
         f"simadmit gateway on http://{host}:{port}: policy {settings.policy_name}, "
         + "; ".join(f"{p.name}: {len(p.backends)} backend(s)" for p in server.pools)
+        + (
+            f"; rate limits 1/{settings.limit_share} each, for gateway.replicas = {settings.limit_share} processes"
+            if settings.limit_share > 1
+            else ""
+        )
     )
     # on SIGTERM, requests in flight get 25 s to finish: inside Kubernetes' default 30 s grace period
     config = uvicorn.Config(

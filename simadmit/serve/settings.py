@@ -4,7 +4,10 @@ Built from the same validated scenario `simulate` reads (`build_world`, `build_p
 `optimize` finds are deployed as they are. The policy is the one named, else the scenario's only policy,
 else its first `gpu_seconds` policy. Backends are given as URLs, or `POOL=URL` when the scenario has
 several pools; every pool needs one. `dns+http://NAME:PORT` stands for every address NAME resolves to (a
-headless Service), re-resolved as pods come and go.
+headless Service), re-resolved as pods come and go. A rate limiter (a `central` policy, one counter for
+every gateway replica in the simulation) cannot share its counter between processes: each of the
+scenario's `gateway.replicas` processes gets that share of its limits, so together they let through what
+the simulated one does when the balancer spreads requests evenly.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simadmit.admission.policies import AdmissionPolicy
+from simadmit.admission.predictive import StatefulPolicy
 from simadmit.calibrate.client import normalize_base_url
 from simadmit.config.errors import InputError, problem
 from simadmit.config.schema import (
@@ -38,6 +42,7 @@ class ServeSettings:
     tier_max_tokens: dict[str, int]  # what a request that names no max_tokens is charged and capped at
     default_tier: str
     tokenizer: LocalTokenizer | None = None  # None: count with a backend's /tokenize
+    limit_share: int = 1  # the rate limits are this many processes' (1/limit_share of them applies here)
 
 
 def pick_policy(spec: ScenarioSpec, name: str | None) -> str:
@@ -100,13 +105,16 @@ def serve_settings(
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     http = spec.gateway.http
+    rule = build_policies(spec)[chosen]  # budgets default to the tiers' SLOs, as in simulate
+    share = spec.gateway.replicas if isinstance(rule, StatefulPolicy) and rule.central else 1
     return ServeSettings(
         world=world,
         policy_name=chosen,
-        policy=build_policies(spec)[chosen],  # budgets default to the tiers' SLOs, as in simulate
+        policy=rule.split(share) if isinstance(rule, StatefulPolicy) else rule,
         backends=assign_backends(spec, backends),
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
         default_tier=http.default_tier or spec.workload.tiers[0].name,
         tokenizer=LocalTokenizer(base / http.tokenizer, source) if http.tokenizer else None,
+        limit_share=share,
     )

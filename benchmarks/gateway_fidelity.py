@@ -28,6 +28,9 @@ Starts the tests' vLLM server (tests/vllm_server.py) unless given `--endpoint`; 
     flock /tmp/vllm.lock python benchmarks/gateway_fidelity.py --out runs/gateway-fidelity \
         [--profile PROFILE] [--capacity RPS] [--loads 0.6,1,1.5] [--gateways 1,2] [--repeats 3] [--duration 45]
 
+`--workload scenario.yaml` sends the tiers of another scenario instead of the chat tier (each tier gets the
+same budgets; the pool budget and the analysis price a request at its `max_tokens`, as the gateway does).
+
 It prints the table (the README's) and writes it to OUT/results.md, with each point's runs and `compare`
 report under OUT/<policy>-g<gateways>-<load>/.
 """
@@ -68,8 +71,10 @@ from benchmarks.fidelity import (  # noqa: E402
     simulate_and_compare,
     speed_probe,
     start_server,
+    workload_tiers,
 )
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
+from simadmit.admission.published import prior_price  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.config.schema import ScenarioSpec  # noqa: E402
 from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
@@ -88,33 +93,47 @@ TTFT_BUDGET_S = 3.0  # predicted_ttft: admit while the chat tier's first token i
 # Clients back off with full jitter, so one simulation of a request list is one draw of its retry times:
 # the simulated figures are over this many draws (on the same arrivals), as the real ones are over repeats.
 SIM_DRAWS = 10
-POLICIES = {
-    "gpu_seconds": {"kind": "gpu_seconds", "budgets_s": {"chat": 12.0}, "headroom": HEADROOM,
-                    "max_pool_gpu_seconds": MAX_POOL_GPU_S},
-    "predicted_ttft": {"kind": "predicted_ttft", "budgets_s": {"chat": TTFT_BUDGET_S},
-                       "e2e_budgets_s": {"chat": 5 * TTFT_BUDGET_S}},
-}  # fmt: skip
+POLICIES = ("gpu_seconds", "predicted_ttft")
+TIERS = (
+    {"name": "chat", "max_tokens": OUTPUT,
+     "prompt_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.5, "min": 16, "max": 512},
+     "output_tokens": {"kind": "fixed", "value": OUTPUT}},
+)  # fmt: skip
+
+
+def policy_doc(policy: str, tiers: list[str]) -> dict:
+    """The benchmark's `policy`, with the same budgets for every tier."""
+    if policy == "gpu_seconds":
+        return {"kind": "gpu_seconds", "budgets_s": dict.fromkeys(tiers, 12.0), "headroom": HEADROOM,
+                "max_pool_gpu_seconds": MAX_POOL_GPU_S}  # fmt: skip
+    return {"kind": "predicted_ttft", "budgets_s": dict.fromkeys(tiers, TTFT_BUDGET_S),
+            "e2e_budgets_s": dict.fromkeys(tiers, 5 * TTFT_BUDGET_S)}  # fmt: skip
 
 
 def scenario(
-    profile: Path, rate: float, duration_s: float, policy: str, gateways: int, seed: int = 11
+    profile: Path,
+    rate: float,
+    duration_s: float,
+    policy: str,
+    gateways: int,
+    seed: int = 11,
+    tiers: tuple[dict, ...] = TIERS,
 ) -> dict:
+    """The workload (`tiers`, the chat tier by default) at `rate` through `gateways` replicas of `policy`."""
     return {
         "name": f"gateway-fidelity-{policy}-g{gateways}",
-        "workload": {
-            "seed": seed,
-            "rate_rps": float(rate),
-            "duration_s": float(duration_s),
-            "tiers": [{"name": "chat", "max_tokens": OUTPUT,
-                       "prompt_tokens": {"kind": "lognormal", "median": 128, "sigma": 0.5, "min": 16, "max": 512},
-                       "output_tokens": {"kind": "fixed", "value": OUTPUT}}],
-        },
+        "workload": {"seed": seed, "rate_rps": float(rate), "duration_s": float(duration_s), "tiers": list(tiers)},
         "pools": [{"name": "cpu", "profile": str(profile), "replicas": 1}],
         "gateway": {"replicas": gateways, "poll_interval_s": POLL_S},
         "clients": {"max_retries": 2, "honor_retry_after": True,
                     "backoff": {"base_s": 1.0, "cap_s": 20.0, "jitter": "full"}},
-        "policies": [POLICIES[policy]],
+        "policies": [policy_doc(policy, [t["name"] for t in tiers])],
     }  # fmt: skip
+
+
+def priced_at(spec: ScenarioSpec, estimator: CostEstimator) -> float:
+    """What a fresh gateway prices another gateway's request at (`prior_price` over the tiers)."""
+    return prior_price(estimator, [t.max_tokens or 0 for t in spec.workload.tiers])
 
 
 def write_scenario(doc: dict, path: Path) -> Path:
@@ -123,10 +142,12 @@ def write_scenario(doc: dict, path: Path) -> Path:
     return path
 
 
-def capacity(url: str, profile: Path, work: Path, requests: int = 48) -> float:
+def capacity(
+    url: str, profile: Path, work: Path, requests: int = 48, tiers: tuple[dict, ...] = TIERS
+) -> float:
     """Requests per second the server completes with a burst of the workload's requests in flight (the
     burst over its makespan, first send to last finish: errs low, by the thinning tail)."""
-    doc = scenario(profile, 1000.0, 1.0, "gpu_seconds", 1)
+    doc = scenario(profile, 1000.0, 1.0, "gpu_seconds", 1, tiers=tiers)
     doc["workload"] |= {"duration_s": None, "requests": requests}
     spec = scenario_from_dict(doc, work / "capacity.yaml")
     run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
@@ -317,10 +338,17 @@ class Planned:
 
 
 def prepare_point(
-    profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float, out: Path
+    profile: Path,
+    policy: str,
+    n_gateways: int,
+    rate: float,
+    duration_s: float,
+    out: Path,
+    tiers: tuple[dict, ...] = TIERS,
 ) -> Planned:
     """Write the point's scenario under `out` and plan its requests (the same list for every repeat)."""
-    path = write_scenario(scenario(profile, rate, duration_s, policy, n_gateways), out / "scenario.yaml")
+    doc = scenario(profile, rate, duration_s, policy, n_gateways, tiers=tiers)
+    path = write_scenario(doc, out / "scenario.yaml")
     spec, base = load_scenario(path)
     return Planned(out, path, spec, base, make_plan(spec, base), policy, n_gateways)
 
@@ -343,7 +371,7 @@ def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: fl
         run = replay(point.plan, cfg, random.Random())
     facts = write_run(run, point.spec, point.base, where, "real")
     estimator = build_world(point.spec, point.base).pools[0].estimator
-    budget = real_budget(where, estimator, estimator.estimate(0, OUTPUT))
+    budget = real_budget(where, estimator, priced_at(point.spec, estimator))
     lag = facts["send_lag_s"]
     print(f"  repeat {k} (speed probe {speed:.2f}): {facts['outcomes']} send lag p99 {1e3 * lag['p99']:.1f} ms, kept up "  # type: ignore[index]
           f"{facts['kept_up']}; {budget}", flush=True)  # fmt: skip
@@ -369,7 +397,7 @@ def load_point(out: Path) -> Point:
     """A point's figures from its folder (`compare.csv`, the real repeats, the simulation)."""
     spec, base = load_scenario(out / "scenario.yaml")
     estimator = build_world(spec, base).pools[0].estimator
-    prior = estimator.estimate(0, OUTPUT)
+    prior = priced_at(spec, estimator)
     repeats = sorted((out / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1]))
     budgets = [real_budget(d, estimator, prior) for d in repeats]
     table = pd.read_csv(out / "compare.csv")
@@ -448,11 +476,18 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--calibrate-budget", default="3m")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
+    ap.add_argument("--workload", type=Path, help="a scenario whose tiers replace the chat tier")
     ap.add_argument("--tabulate", action="store_true", help="print the table of the runs already in --out")
     args = ap.parse_args()
     if args.tabulate:
         print(tabulate(args.out))
         return
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        sys.exit(
+            f"--policies: no policy {', '.join(sorted(unknown))} (the benchmark runs {', '.join(POLICIES)})"
+        )
+    tiers = workload_tiers(args.workload) if args.workload else TIERS  # a bad file stops before the server
     if (args.out / "results.md").exists():
         sys.exit(f"{args.out} already holds results; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -463,12 +498,13 @@ def main() -> None:
         url = args.endpoint or stack.enter_context(start_server(args.out))
         print(isolate_engine(), flush=True)  # gateways and load client off the engine's core
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
-        cap = args.capacity or capacity(url, profile, args.out)
+        cap = args.capacity or capacity(url, profile, args.out, tiers=tiers)
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
         points = [
-            (policy, n, load, prepare_point(profile, policy, n, load * cap, args.duration, args.out / f"{policy}-g{n}-{load:g}"))
+            (policy, n, load, prepare_point(profile, policy, n, load * cap, args.duration,
+                                            args.out / f"{policy}-g{n}-{load:g}", tiers))
             for policy in args.policies.split(",")
             for n in (int(x) for x in args.gateways.split(","))
             for load in (float(x) for x in args.loads.split(","))

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from benchmarks.fidelity import TIERS, scenario, workload_tiers
+from benchmarks.gateway_fidelity import POLICIES as GATEWAY_POLICIES
+from benchmarks.gateway_fidelity import prepare_point
 from simadmit.config.loading import scenario_from_dict
 from simadmit.workload.build import generate
 from tests.vllm_server import MAX_MODEL_LEN
@@ -52,3 +54,15 @@ def test_every_bundled_workload_fits_the_test_servers_context(path: Path) -> Non
     could draw one would measure refusals, not latencies."""
     for tier in workload_tiers(path):
         assert tier["prompt_tokens"]["max"] + tier["max_tokens"] <= MAX_MODEL_LEN, tier["name"]
+
+
+def test_the_gateway_benchmark_sends_a_workloads_tiers_under_each_policy(tmp_path: Path) -> None:
+    tiers = workload_tiers(ROOT / "benchmarks" / "workloads" / "prompt_heavy.yaml")
+    for policy in GATEWAY_POLICIES:
+        point = prepare_point(Path("smollm2-135m-cpu"), policy, 2, 2.0, 30.0, tmp_path / policy, tiers)
+        assert [t.name for t in point.spec.workload.tiers] == ["documents", "long_documents"]
+        budgets = point.spec.policies[0].budgets_s  # type: ignore[union-attr]
+        assert set(budgets) == {"documents", "long_documents"}  # no tier left without a budget
+        assert point.spec.gateway.replicas == 2
+        # 2 requests/s for 30 s: 60 expected, a Poisson count whose standard error is ~8
+        assert 30 <= len(point.plan.workload) <= 95

@@ -1197,6 +1197,14 @@ COMMAND_CASES = [
         ("calibrate", "check", "{in}/folder", "--endpoint", "{refused}"),
         fragment="folder: is a folder, not a calibration profile file",
     ),
+    *(
+        CommandCase(
+            f"optimize-slo-limit-{limit}",
+            ("optimize", "{in}/ok.yaml", "--slo", f"interactive.ttft_p99<={limit}", "--out", "{tmp}/o"),
+            fragment=f"--slo: interactive.ttft_p99<={limit}: the limit",  # not a traceback, nor never met
+        )
+        for limit in (".", "1e", "-3s", "1e999")
+    ),
 ]
 
 

@@ -303,6 +303,33 @@ SIM_CASES = [
         fragment="policies.1: policy name 'unconditional' is taken by policies.0",
     ),
     Case(
+        "two-pools-one-name",  # was a traceback (the pool column's categories)
+        _both(
+            _set("workload.tiers", [TIER, {**TIER, "name": "batch"}]),
+            _set(
+                "pools",
+                [{**BASE["pools"][0], "tiers": ["interactive"]}, {**BASE["pools"][0], "tiers": ["batch"]}],
+            ),
+        ),
+        fragment="pools.1: pool name 'p' is taken by pools.0",
+    ),
+    Case(
+        "two-variants-one-name",  # both ran, their requests mixed under one key
+        _set("variants", [{"name": "a", "set": {}}, {"name": "a", "set": {"workload.rate_rps": 2}}]),
+        fragment="variants.1: variant name 'a' is taken by variants.0",
+    ),
+    Case(
+        "tier-named-all",  # its summary was overwritten by every tier's together
+        _set("workload.tiers.0.name", "all"),
+        fragment="workload.tiers.0.name: 'all' is what the summary calls every tier together",
+    ),
+    Case(
+        "tier-named-like-a-pool",
+        _set("workload.tiers.0.name", "pool:p"),
+        fragment="workload.tiers.0.name: 'pool:p' is what the summary calls a pool",
+    ),
+    Case("tier-without-a-name", _set("workload.tiers.0.name", ""), fragment="workload.tiers.0.name: String"),
+    Case(
         "api-key-of-unknown-tier",
         _set("gateway.http", {"api_keys": {"sk-secret-1": "gold"}}),
         fragment="gateway.http.api_keys: an API key maps to no tier 'gold' (tiers: interactive)",

@@ -129,7 +129,7 @@ class AutoscalerSpec(Spec):
 
 
 class PoolSpec(Spec):
-    name: str = "pool"
+    name: str = Field(default="pool", min_length=1)
     profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
     replicas: int = Field(gt=0, le=MAX_REPLICAS)
     gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
@@ -397,7 +397,7 @@ PolicySpec = Annotated[
 
 
 class VariantSpec(Spec):
-    name: str
+    name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
 
 
@@ -440,15 +440,18 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     ]
     if http.default_tier is not None and http.default_tier not in tiers:
         out.append(("gateway.http.default_tier", f"no tier {http.default_tier!r} ({known})"))
-    names = [policy_name(p) for p in spec.policies]
-    out += [
+    out += [  # the summary's own keys beside the tiers': a tier of that name would be overwritten
         (
-            f"policies.{i}",
-            f"policy name {name!r} is taken by policies.{names.index(name)}: set name: to tell them apart",
+            f"workload.tiers.{i}.name",
+            f"{name!r} is what the summary calls {'every tier together' if name == 'all' else 'a pool'}: "
+            "rename the tier",
         )
-        for i, name in enumerate(names)
-        if names.index(name) != i
+        for i, name in enumerate(tiers)
+        if name == "all" or name.startswith("pool:")
     ]
+    out += _taken("policies", "policy", [policy_name(p) for p in spec.policies])
+    out += _taken("pools", "pool", [p.name for p in spec.pools])
+    out += _taken("variants", "variant", [v.name for v in spec.variants])
     default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
     for i, p in enumerate(spec.policies):
         if not isinstance(p, GpuSecondsSpec):
@@ -489,6 +492,19 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
             else:
                 owner[tier] = i
     return out
+
+
+def _taken(section: str, what: str, names: list[str]) -> list[tuple[str, str]]:
+    """Each element of a section whose name an earlier one has: results and tables are keyed by it, so
+    two of them would be mixed into one."""
+    return [
+        (
+            f"{section}.{i}",
+            f"{what} name {name!r} is taken by {section}.{names.index(name)}: set name: to tell them apart",
+        )
+        for i, name in enumerate(names)
+        if names.index(name) != i
+    ]
 
 
 def engine_limits_problem(max_num_batched_tokens: int, max_num_seqs: int) -> str | None:

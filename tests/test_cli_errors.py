@@ -366,6 +366,12 @@ SIM_CASES = [
         fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
     ),
     Case(
+        "profile-huge-kv-block",  # allocated per block phase: 53 s and gigabytes for 39 requests
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(kv_block_size=10**9)},
+        fragment="p.yaml: kv_block_size: Input should be less than or equal to 65536",
+    ),
+    Case(
         "policy-kind-unknown",
         _set("policies.0", {"kind": "fifo"}),
         fragment="policies.0: Input tag 'fifo' found using 'kind' does not match any of the expected tags",

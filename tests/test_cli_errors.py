@@ -187,6 +187,18 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: not valid JSON",
     ),
     Case(
+        "trace-jsonl-true-as-a-number",  # read as 1 (a timestamp, a length) and run
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": true, "input_length": 50, "output_length": 5}\n'},
+        fragment="trace.jsonl: line 2: timestamp True is not a finite number",
+    ),
+    Case(
+        "trace-jsonl-false-as-a-length",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": 50, "output_length": false}\n'},
+        fragment="trace.jsonl: line 2: output_length False is not a whole number >= 1",
+    ),
+    Case(
         "trace-empirical-lengths",
         _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},

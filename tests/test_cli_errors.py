@@ -193,10 +193,10 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: timestamp True is not a finite number",
     ),
     Case(
-        "trace-jsonl-false-as-a-length",
+        "trace-jsonl-true-as-a-length",
         _trace_workload("trace.jsonl", "mooncake"),
-        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": 50, "output_length": false}\n'},
-        fragment="trace.jsonl: line 2: output_length False is not a whole number >= 1",
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": true, "output_length": 5}\n'},
+        fragment="trace.jsonl: line 2: input_length True is not a whole number >= 1",
     ),
     Case(
         "trace-empirical-lengths",

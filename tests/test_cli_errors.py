@@ -199,6 +199,23 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: input_length True is not a whole number >= 1",
     ),
     Case(
+        "trace-length-rule-of-unknown-tier",  # named no file
+        _trace_workload(tiers={"by": "length", "rules": [{"tier": "gold", "above": 100}]}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
+    ),
+    Case(
+        "trace-tier-column-by-its-own-name",  # "the trace has no column 'class'" (it has), no file named
+        _trace_workload(
+            "trace.csv",
+            "mapped",
+            columns={**MAPPED, "tier": "class"},
+            tiers={"by": "column", "column": "class"},
+        ),
+        files={"trace.csv": "t,p,o,class\n0,10,5,t\n1,10,5,gold\n"},
+        fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
+    ),
+    Case(
         "trace-empirical-lengths",
         _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},

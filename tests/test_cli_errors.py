@@ -1259,6 +1259,16 @@ COMMAND_CASES = [
         ("calibrate", "check", "{in}/folder", "--endpoint", "{refused}"),
         fragment="folder: is a folder, not a calibration profile file",
     ),
+    CommandCase(
+        "replay-empty-label",  # was sent, with an empty policy column
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--label", " ", "--out", "{tmp}/r"),
+        fragment="--label: must not be empty",
+    ),
+    CommandCase(
+        "plot-a-replay-folder",  # "incomplete folder: ... run the command that writes it again"
+        ("plot", "{in}/replayed"),
+        fragment="replayed: holds a replay run: plot draws simulate, sweep and optimize folders",
+    ),
     *(
         CommandCase(
             f"optimize-slo-limit-{limit}",

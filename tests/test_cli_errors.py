@@ -436,6 +436,16 @@ SIM_CASES = [
     ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
     Case(
+        "set-one-path-twice",  # the last one silently won
+        args=("--set", "workload.rate_rps=2", "--set", "workload.rate_rps=3"),
+        fragment="--set: workload.rate_rps=3: workload.rate_rps is set twice",
+    ),
+    Case(
+        "section-not-a-mapping",  # "Input should be a valid dictionary or instance of SLOSpec"
+        _set("workload.tiers.0.slo", 3),
+        fragment="scenario.yaml: workload.tiers.0.slo: Input should be a mapping of fields, not int",
+    ),
+    Case(
         "set-empty-path-part",
         args=("--set", "workload..rate_rps=3"),
         fragment="--set: workload..rate_rps: a path has no empty part",  # was "workload.: unknown field"

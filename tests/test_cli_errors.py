@@ -520,6 +520,20 @@ SIM_CASES = [
         _set("policies.0", {"kind": "gpu_seconds", "tier_max_gpu_seconds": {"bulk": 3}}),
         fragment="policies.0.tier_max_gpu_seconds.bulk: no tier 'bulk'",
     ),
+    *(  # each used to run with the setting silently never applied
+        Case(
+            f"{policy['kind']}-of-unknown-tier",
+            _set("policies.0", policy),
+            fragment=f"policies.0.{where}: no tier",
+        )
+        for policy, where in (
+            ({"kind": "predicted_ttft", "budgets_s": {"bulk": 1.0}}, "budgets_s.bulk"),
+            ({"kind": "saturation", "critical": ["interactive", "bulk"]}, "critical.1"),
+            ({"kind": "token_bucket", "tiers": {"bulk": {"rate": 10, "burst": 100}}}, "tiers.bulk"),
+            ({"kind": "rate_limit", "tiers": {"bulk": {"rpm": 10}}}, "tiers.bulk"),
+            ({"kind": "post_hoc_tokens", "tokens_per_minute": {"bulk": 1000}}, "tokens_per_minute.bulk"),
+        )
+    ),
     Case(
         "engine-batched-tokens-below-seqs",
         _set("pools.0.engine", {"max_num_seqs": 256, "max_num_batched_tokens": 128}),

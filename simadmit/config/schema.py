@@ -416,6 +416,16 @@ class ScenarioSpec(Spec):
     policies: list[PolicySpec] = Field(min_length=1)
 
 
+_TIER_FIELDS: dict[type, tuple[str, ...]] = {  # each policy's settings keyed by (or listing) tier names
+    GpuSecondsSpec: ("budgets_s", "tier_max_gpu_seconds"),
+    PredictedTtftSpec: ("budgets_s", "e2e_budgets_s"),
+    SaturationSpec: ("critical",),
+    TokenBucketSpec: ("tiers",),
+    RateLimitSpec: ("tiers",),
+    PostHocTokensSpec: ("tokens_per_minute",),
+}
+
+
 def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     """Rules across sections, as (field path, message): names that must match, limits that must agree.
 
@@ -454,17 +464,16 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     out += _taken("variants", "variant", [v.name for v in spec.variants])
     default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
     for i, p in enumerate(spec.policies):
-        if not isinstance(p, GpuSecondsSpec):
-            continue
-        for key in ("budgets_s", "tier_max_gpu_seconds"):
-            given = getattr(p, key)
-            if key == "budgets_s" and given == default_budgets:
+        for key in _TIER_FIELDS.get(type(p), ()):
+            given = getattr(p, key) or {}
+            if isinstance(p, GpuSecondsSpec) and key == "budgets_s" and given == default_budgets:
                 continue  # the defaults name the usual tiers; a scenario need not have them all
-            for tier in given:
-                if tier not in tiers:
-                    out.append(
-                        (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
-                    )
+            pairs = [(t, t) for t in given] if isinstance(given, dict) else list(enumerate(given))
+            out += [  # a setting for a tier the workload lacks would silently never apply
+                (f"policies.{i}.{key}.{where}", f"no tier {tier!r} ({known})")
+                for where, tier in pairs
+                if tier not in tiers
+            ]
     for i, pool in enumerate(spec.pools):
         engine = pool.engine
         if isinstance(engine, ContinuousEngineSpec):

@@ -534,6 +534,21 @@ SIM_CASES = [
             ({"kind": "post_hoc_tokens", "tokens_per_minute": {"bulk": 1000}}, "tokens_per_minute.bulk"),
         )
     ),
+    *(  # each used to run: every request rejected, or a limit of nothing
+        Case(
+            f"{policy['kind']}-{where}-not-positive",
+            _set("policies.0", policy),
+            fragment=f"{where}: Input should be greater than 0",
+        )
+        for policy, where in (
+            ({"kind": "predicted_ttft", "budgets_s": {"interactive": -1}}, "budgets_s.interactive"),
+            ({"kind": "predicted_ttft", "e2e_budgets_s": {"interactive": 0}}, "e2e_budgets_s.interactive"),
+            (
+                {"kind": "post_hoc_tokens", "tokens_per_minute": {"interactive": -5}},
+                "tokens_per_minute.interactive",
+            ),
+        )
+    ),
     Case(
         "engine-batched-tokens-below-seqs",
         _set("pools.0.engine", {"max_num_seqs": 256, "max_num_batched_tokens": 128}),

@@ -314,10 +314,10 @@ class GpuSecondsSpec(Spec):
 class PredictedTtftSpec(Spec):
     kind: Literal["predicted_ttft"]
     name: str | None = None
-    budgets_s: dict[str, float] | None = Field(
+    budgets_s: dict[str, Annotated[float, Field(gt=0)]] | None = Field(
         default=None, description="TTFT budget per tier, seconds from the first attempt (default: its SLO)"
     )
-    e2e_budgets_s: dict[str, float] | None = Field(
+    e2e_budgets_s: dict[str, Annotated[float, Field(gt=0)]] | None = Field(
         default=None, description="end-to-end budget per tier (default: its SLO)"
     )
     default_budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0, description="budget of other tiers")
@@ -378,7 +378,7 @@ class RateLimitSpec(Spec):
 class PostHocTokensSpec(Spec):
     kind: Literal["post_hoc_tokens"]
     name: str | None = None
-    tokens_per_minute: dict[str, float] = Field(
+    tokens_per_minute: dict[str, Annotated[float, Field(gt=0)]] = Field(
         description="per tier: tokens (prompt + output) charged at completion, per one-minute window"
     )
 

@@ -434,6 +434,14 @@ SIM_CASES = [
         args=("--set", "workload.rate_rps=[1, 2"),
         fragment="--set: workload.rate_rps=[1, 2: not valid YAML",
     ),
+    Case(
+        "autoscaler-utilization-target-above-1",  # ran, and never scaled up
+        _set(
+            "pools.0.autoscaler",
+            {"metric": "gpu_utilization", "target": 1.5, "min_replicas": 1, "max_replicas": 2},
+        ),
+        fragment="pools.0.autoscaler.target: 1.5 for gpu_utilization, a busy fraction: at most 1",
+    ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
     Case(
         "set-one-path-twice",  # the last one silently won

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from simadmit.config.defaults import (
     DEFAULT_BUDGET_S,
@@ -120,6 +120,13 @@ class AutoscalerSpec(Spec):
     )
 
     _cold_start_seconds = field_validator("cold_start_s")(_seconds)
+
+    @field_validator("target")
+    @classmethod
+    def _fraction(cls, v: float, info: ValidationInfo) -> float:
+        if info.data.get("metric") == "gpu_utilization" and v > 1:  # never reached: it would never scale up
+            raise ValueError(f"{v:g} for gpu_utilization, a busy fraction: at most 1 (e.g. 0.7)")
+        return v
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerSpec:

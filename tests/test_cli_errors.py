@@ -1306,6 +1306,14 @@ COMMAND_CASES = [
         ("calibrate", "check", "{in}/folder", "--endpoint", "{refused}"),
         fragment="folder: is a folder, not a calibration profile file",
     ),
+    *(  # a traceback: the file system refuses the name wherever a command first touches it
+        CommandCase(f"{what}-name-too-long", args, fragment="x" * 40 + ": File name too long")
+        for what, args in (
+            ("out", ("simulate", "{in}/ok.yaml", "--out", "{tmp}/" + "x" * 300)),
+            ("scenario", ("simulate", "{tmp}/" + "x" * 300, "--out", "{tmp}/o")),
+            ("plot-folder", ("plot", "{tmp}/" + "x" * 300)),
+        )
+    ),
     CommandCase(
         "replay-empty-label",  # was sent, with an empty policy column
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--label", " ", "--out", "{tmp}/r"),

@@ -216,6 +216,15 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
     ),
     Case(
+        "trace-fit-bins-too-fine",  # hung: a step per microsecond of the trace
+        _set(
+            "workload.arrival",
+            {"kind": "fit", "trace": {"path": "trace.csv", "format": "azure"}, "bin_s": 1e-9},
+        ),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:50.00,396,109\n"},
+        fragment="scenario.yaml: workload: arrival.bin_s 1e-09 s cuts the trace's 3.32 s into 3.32e+09 bins",
+    ),
+    Case(
         "trace-empirical-lengths",
         _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},

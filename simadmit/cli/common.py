@@ -66,7 +66,7 @@ class App(typer.Typer):
         except OSError as e:  # a path given that no file system takes, wherever the command first touches it
             if e.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
                 raise
-            print_problems([problem(e.filename, None, e.strerror)])
+            print_problems([problem(e.filename, None, e.strerror or str(e))])
             sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 

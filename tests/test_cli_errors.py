@@ -187,6 +187,44 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: not valid JSON",
     ),
     Case(
+        "trace-jsonl-true-as-a-number",  # read as 1 (a timestamp, a length) and run
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": true, "input_length": 50, "output_length": 5}\n'},
+        fragment="trace.jsonl: line 2: timestamp True is not a finite number",
+    ),
+    Case(
+        "trace-jsonl-true-as-a-length",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": true, "output_length": 5}\n'},
+        fragment="trace.jsonl: line 2: input_length True is not a whole number >= 1",
+    ),
+    Case(
+        "trace-length-rule-of-unknown-tier",  # named no file
+        _trace_workload(tiers={"by": "length", "rules": [{"tier": "gold", "above": 100}]}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
+    ),
+    Case(
+        "trace-tier-column-by-its-own-name",  # "the trace has no column 'class'" (it has), no file named
+        _trace_workload(
+            "trace.csv",
+            "mapped",
+            columns={**MAPPED, "tier": "class"},
+            tiers={"by": "column", "column": "class"},
+        ),
+        files={"trace.csv": "t,p,o,class\n0,10,5,t\n1,10,5,gold\n"},
+        fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
+    ),
+    Case(
+        "trace-fit-bins-too-fine",  # hung: a step per microsecond of the trace
+        _set(
+            "workload.arrival",
+            {"kind": "fit", "trace": {"path": "trace.csv", "format": "azure"}, "bin_s": 1e-9},
+        ),
+        files={"trace.csv": AZURE_OK + "2023-11-16 18:15:50.00,396,109\n"},
+        fragment="scenario.yaml: workload: arrival.bin_s 1e-09 s cuts the trace's 3.32 s into 3.32e+09 bins",
+    ),
+    Case(
         "trace-empirical-lengths",
         _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
@@ -303,6 +341,33 @@ SIM_CASES = [
         fragment="policies.1: policy name 'unconditional' is taken by policies.0",
     ),
     Case(
+        "two-pools-one-name",  # was a traceback (the pool column's categories)
+        _both(
+            _set("workload.tiers", [TIER, {**TIER, "name": "batch"}]),
+            _set(
+                "pools",
+                [{**BASE["pools"][0], "tiers": ["interactive"]}, {**BASE["pools"][0], "tiers": ["batch"]}],
+            ),
+        ),
+        fragment="pools.1: pool name 'p' is taken by pools.0",
+    ),
+    Case(
+        "two-variants-one-name",  # both ran, their requests mixed under one key
+        _set("variants", [{"name": "a", "set": {}}, {"name": "a", "set": {"workload.rate_rps": 2}}]),
+        fragment="variants.1: variant name 'a' is taken by variants.0",
+    ),
+    Case(
+        "tier-named-all",  # its summary was overwritten by every tier's together
+        _set("workload.tiers.0.name", "all"),
+        fragment="workload.tiers.0.name: 'all' is what the summary calls every tier together",
+    ),
+    Case(
+        "tier-named-like-a-pool",
+        _set("workload.tiers.0.name", "pool:p"),
+        fragment="workload.tiers.0.name: 'pool:p' is what the summary calls a pool",
+    ),
+    Case("tier-without-a-name", _set("workload.tiers.0.name", ""), fragment="workload.tiers.0.name: String"),
+    Case(
         "api-key-of-unknown-tier",
         _set("gateway.http", {"api_keys": {"sk-secret-1": "gold"}}),
         fragment="gateway.http.api_keys: an API key maps to no tier 'gold' (tiers: interactive)",
@@ -339,6 +404,12 @@ SIM_CASES = [
         fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
     ),
     Case(
+        "profile-huge-kv-block",  # allocated per block phase: 53 s and gigabytes for 39 requests
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(kv_block_size=10**9)},
+        fragment="p.yaml: kv_block_size: Input should be less than or equal to 65536",
+    ),
+    Case(
         "policy-kind-unknown",
         _set("policies.0", {"kind": "fifo"}),
         fragment="policies.0: Input tag 'fifo' found using 'kind' does not match any of the expected tags",
@@ -372,7 +443,25 @@ SIM_CASES = [
         args=("--set", "workload.rate_rps=[1, 2"),
         fragment="--set: workload.rate_rps=[1, 2: not valid YAML",
     ),
+    Case(
+        "autoscaler-utilization-target-above-1",  # ran, and never scaled up
+        _set(
+            "pools.0.autoscaler",
+            {"metric": "gpu_utilization", "target": 1.5, "min_replicas": 1, "max_replicas": 2},
+        ),
+        fragment="pools.0.autoscaler.target: 1.5 for gpu_utilization, a busy fraction: at most 1",
+    ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
+    Case(
+        "set-one-path-twice",  # the last one silently won
+        args=("--set", "workload.rate_rps=2", "--set", "workload.rate_rps=3"),
+        fragment="--set: workload.rate_rps=3: workload.rate_rps is set twice",
+    ),
+    Case(
+        "section-not-a-mapping",  # "Input should be a valid dictionary or instance of SLOSpec"
+        _set("workload.tiers.0.slo", 3),
+        fragment="scenario.yaml: workload.tiers.0.slo: Input should be a mapping of fields, not int",
+    ),
     Case(
         "set-empty-path-part",
         args=("--set", "workload..rate_rps=3"),
@@ -447,6 +536,35 @@ SIM_CASES = [
         "tier-cap-for-unknown-tier",
         _set("policies.0", {"kind": "gpu_seconds", "tier_max_gpu_seconds": {"bulk": 3}}),
         fragment="policies.0.tier_max_gpu_seconds.bulk: no tier 'bulk'",
+    ),
+    *(  # each used to run with the setting silently never applied
+        Case(
+            f"{policy['kind']}-of-unknown-tier",
+            _set("policies.0", policy),
+            fragment=f"policies.0.{where}: no tier",
+        )
+        for policy, where in (
+            ({"kind": "predicted_ttft", "budgets_s": {"bulk": 1.0}}, "budgets_s.bulk"),
+            ({"kind": "saturation", "critical": ["interactive", "bulk"]}, "critical.1"),
+            ({"kind": "token_bucket", "tiers": {"bulk": {"rate": 10, "burst": 100}}}, "tiers.bulk"),
+            ({"kind": "rate_limit", "tiers": {"bulk": {"rpm": 10}}}, "tiers.bulk"),
+            ({"kind": "post_hoc_tokens", "tokens_per_minute": {"bulk": 1000}}, "tokens_per_minute.bulk"),
+        )
+    ),
+    *(  # each used to run: every request rejected, or a limit of nothing
+        Case(
+            f"{policy['kind']}-{where}-not-positive",
+            _set("policies.0", policy),
+            fragment=f"{where}: Input should be greater than 0",
+        )
+        for policy, where in (
+            ({"kind": "predicted_ttft", "budgets_s": {"interactive": -1}}, "budgets_s.interactive"),
+            ({"kind": "predicted_ttft", "e2e_budgets_s": {"interactive": 0}}, "e2e_budgets_s.interactive"),
+            (
+                {"kind": "post_hoc_tokens", "tokens_per_minute": {"interactive": -5}},
+                "tokens_per_minute.interactive",
+            ),
+        )
     ),
     Case(
         "engine-batched-tokens-below-seqs",
@@ -1196,6 +1314,32 @@ COMMAND_CASES = [
         "calibrate-check-folder-as-profile",
         ("calibrate", "check", "{in}/folder", "--endpoint", "{refused}"),
         fragment="folder: is a folder, not a calibration profile file",
+    ),
+    *(  # a traceback: the file system refuses the name wherever a command first touches it
+        CommandCase(f"{what}-name-too-long", args, fragment="x" * 40 + ": File name too long")
+        for what, args in (
+            ("out", ("simulate", "{in}/ok.yaml", "--out", "{tmp}/" + "x" * 300)),
+            ("scenario", ("simulate", "{tmp}/" + "x" * 300, "--out", "{tmp}/o")),
+            ("plot-folder", ("plot", "{tmp}/" + "x" * 300)),
+        )
+    ),
+    CommandCase(
+        "replay-empty-label",  # was sent, with an empty policy column
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--label", " ", "--out", "{tmp}/r"),
+        fragment="--label: must not be empty",
+    ),
+    CommandCase(
+        "plot-a-replay-folder",  # "incomplete folder: ... run the command that writes it again"
+        ("plot", "{in}/replayed"),
+        fragment="replayed: holds a replay run: plot draws simulate, sweep and optimize folders",
+    ),
+    *(
+        CommandCase(
+            f"optimize-slo-limit-{limit}",
+            ("optimize", "{in}/ok.yaml", "--slo", f"interactive.ttft_p99<={limit}", "--out", "{tmp}/o"),
+            fragment=f"--slo: interactive.ttft_p99<={limit}: the limit",  # not a traceback, nor never met
+        )
+        for limit in (".", "1e", "-3s", "1e999")
     ),
 ]
 

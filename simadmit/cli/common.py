@@ -8,6 +8,7 @@ other back.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
@@ -62,6 +63,11 @@ class App(typer.Typer):
         except typer.Abort:  # what Typer does by itself
             typer.echo("Aborted!", err=True)
             sys.exit(1)
+        except OSError as e:  # a path given that no file system takes, wherever the command first touches it
+            if e.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+                raise
+            print_problems([problem(e.filename, None, e.strerror or str(e))])
+            sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
 

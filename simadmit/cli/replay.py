@@ -76,6 +76,10 @@ def replay_command(
             raise InputError([problem(None, "--endpoint", f"{twice[0]} {why}")])
         if server is not None:
             normalize_base_url(server, "--server")
+        if not label.strip():  # compare and the tables tell runs apart by it
+            raise InputError(
+                [problem(None, "--label", "must not be empty: it names the run in the policy column")]
+            )
         if held_run(out) is not None:  # before sending anything: a run cannot be sent twice
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
         check_destination(out, replace=False, command="replay")

@@ -52,6 +52,8 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "model_type":  # pydantic names the model class: no word of the file's
+            msg = f"Input should be a mapping of fields, not {type(e['input']).__name__}"
         elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
             msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))

@@ -27,6 +27,9 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
         if not sep or not key:
             bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
             continue
+        if key.strip() in out:  # which one was meant? (a later one would silently win)
+            bad.append(problem("--set", item, f"{key.strip()} is set twice: give each path once"))
+            continue
         try:
             out[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError as e:

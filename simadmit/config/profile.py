@@ -66,7 +66,12 @@ class _ProfileFile(Spec):
     source: str = Field(default="", description="where the numbers come from")
     step_time: _StepTimeModel
     kv_capacity_tokens: int = Field(gt=0, description="KV-cache capacity of one replica, in tokens")
-    kv_block_size: int = Field(default=16, gt=0)
+    kv_block_size: int = Field(
+        default=16,
+        gt=0,
+        le=2**16,
+        description="tokens per KV-cache block (vLLM: 16; hybrid models a few hundred)",
+    )
     api_latency_s: float = Field(
         default=0.0,
         ge=0,

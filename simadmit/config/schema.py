@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from simadmit.config.defaults import (
     DEFAULT_BUDGET_S,
@@ -121,6 +121,13 @@ class AutoscalerSpec(Spec):
 
     _cold_start_seconds = field_validator("cold_start_s")(_seconds)
 
+    @field_validator("target")
+    @classmethod
+    def _fraction(cls, v: float, info: ValidationInfo) -> float:
+        if info.data.get("metric") == "gpu_utilization" and v > 1:  # never reached: it would never scale up
+            raise ValueError(f"{v:g} for gpu_utilization, a busy fraction: at most 1 (e.g. 0.7)")
+        return v
+
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerSpec:
         if self.min_replicas > self.max_replicas:
@@ -129,7 +136,7 @@ class AutoscalerSpec(Spec):
 
 
 class PoolSpec(Spec):
-    name: str = "pool"
+    name: str = Field(default="pool", min_length=1)
     profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
     replicas: int = Field(gt=0, le=MAX_REPLICAS)
     gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
@@ -314,10 +321,10 @@ class GpuSecondsSpec(Spec):
 class PredictedTtftSpec(Spec):
     kind: Literal["predicted_ttft"]
     name: str | None = None
-    budgets_s: dict[str, float] | None = Field(
+    budgets_s: dict[str, Annotated[float, Field(gt=0)]] | None = Field(
         default=None, description="TTFT budget per tier, seconds from the first attempt (default: its SLO)"
     )
-    e2e_budgets_s: dict[str, float] | None = Field(
+    e2e_budgets_s: dict[str, Annotated[float, Field(gt=0)]] | None = Field(
         default=None, description="end-to-end budget per tier (default: its SLO)"
     )
     default_budget_s: float = Field(default=DEFAULT_BUDGET_S, gt=0, description="budget of other tiers")
@@ -378,7 +385,7 @@ class RateLimitSpec(Spec):
 class PostHocTokensSpec(Spec):
     kind: Literal["post_hoc_tokens"]
     name: str | None = None
-    tokens_per_minute: dict[str, float] = Field(
+    tokens_per_minute: dict[str, Annotated[float, Field(gt=0)]] = Field(
         description="per tier: tokens (prompt + output) charged at completion, per one-minute window"
     )
 
@@ -397,7 +404,7 @@ PolicySpec = Annotated[
 
 
 class VariantSpec(Spec):
-    name: str
+    name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
 
 
@@ -414,6 +421,16 @@ class ScenarioSpec(Spec):
     gateway: GatewaySpec = GatewaySpec()
     clients: ClientSpec = ClientSpec()
     policies: list[PolicySpec] = Field(min_length=1)
+
+
+_TIER_FIELDS: dict[type, tuple[str, ...]] = {  # each policy's settings keyed by (or listing) tier names
+    GpuSecondsSpec: ("budgets_s", "tier_max_gpu_seconds"),
+    PredictedTtftSpec: ("budgets_s", "e2e_budgets_s"),
+    SaturationSpec: ("critical",),
+    TokenBucketSpec: ("tiers",),
+    RateLimitSpec: ("tiers",),
+    PostHocTokensSpec: ("tokens_per_minute",),
+}
 
 
 def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
@@ -440,28 +457,30 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
     ]
     if http.default_tier is not None and http.default_tier not in tiers:
         out.append(("gateway.http.default_tier", f"no tier {http.default_tier!r} ({known})"))
-    names = [policy_name(p) for p in spec.policies]
-    out += [
+    out += [  # the summary's own keys beside the tiers': a tier of that name would be overwritten
         (
-            f"policies.{i}",
-            f"policy name {name!r} is taken by policies.{names.index(name)}: set name: to tell them apart",
+            f"workload.tiers.{i}.name",
+            f"{name!r} is what the summary calls {'every tier together' if name == 'all' else 'a pool'}: "
+            "rename the tier",
         )
-        for i, name in enumerate(names)
-        if names.index(name) != i
+        for i, name in enumerate(tiers)
+        if name == "all" or name.startswith("pool:")
     ]
+    out += _taken("policies", "policy", [policy_name(p) for p in spec.policies])
+    out += _taken("pools", "pool", [p.name for p in spec.pools])
+    out += _taken("variants", "variant", [v.name for v in spec.variants])
     default_budgets = GpuSecondsSpec.model_fields["budgets_s"].get_default(call_default_factory=True)
     for i, p in enumerate(spec.policies):
-        if not isinstance(p, GpuSecondsSpec):
-            continue
-        for key in ("budgets_s", "tier_max_gpu_seconds"):
-            given = getattr(p, key)
-            if key == "budgets_s" and given == default_budgets:
+        for key in _TIER_FIELDS.get(type(p), ()):
+            given = getattr(p, key) or {}
+            if isinstance(p, GpuSecondsSpec) and key == "budgets_s" and given == default_budgets:
                 continue  # the defaults name the usual tiers; a scenario need not have them all
-            for tier in given:
-                if tier not in tiers:
-                    out.append(
-                        (f"policies.{i}.{key}.{tier}", f"no tier {tier!r} (tiers: {', '.join(tiers)})")
-                    )
+            pairs = [(t, t) for t in given] if isinstance(given, dict) else list(enumerate(given))
+            out += [  # a setting for a tier the workload lacks would silently never apply
+                (f"policies.{i}.{key}.{where}", f"no tier {tier!r} ({known})")
+                for where, tier in pairs
+                if tier not in tiers
+            ]
     for i, pool in enumerate(spec.pools):
         engine = pool.engine
         if isinstance(engine, ContinuousEngineSpec):
@@ -489,6 +508,19 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
             else:
                 owner[tier] = i
     return out
+
+
+def _taken(section: str, what: str, names: list[str]) -> list[tuple[str, str]]:
+    """Each element of a section whose name an earlier one has: results and tables are keyed by it, so
+    two of them would be mixed into one."""
+    return [
+        (
+            f"{section}.{i}",
+            f"{what} name {name!r} is taken by {section}.{names.index(name)}: set name: to tell them apart",
+        )
+        for i, name in enumerate(names)
+        if names.index(name) != i
+    ]
 
 
 def engine_limits_problem(max_num_batched_tokens: int, max_num_seqs: int) -> str | None:

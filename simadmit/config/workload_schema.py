@@ -254,7 +254,7 @@ class SLOSpec(Spec):
 
 
 class TierSpec(Spec):
-    name: str
+    name: str = Field(min_length=1)
     share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
     prompt_tokens: DistSpec | None = Field(
         default=None, description="required unless the workload is a trace"

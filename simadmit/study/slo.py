@@ -84,5 +84,10 @@ def parse_slo(text: str) -> SLO:
     if measure not in MEASURES:
         known = ", ".join(sorted({*ALIASES, *MEASURES}))
         raise InputError([problem("--slo", text, f"unknown measure {name!r}; known: {known}")])
-    value = float(raw) * {"ms": 1e-3, "%": 1e-2}.get(unit or "", 1.0)
+    try:
+        value = float(raw) * {"ms": 1e-3, "%": 1e-2}.get(unit or "", 1.0)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:  # every measure is a duration, rate or fraction: never below 0
+        raise InputError([problem("--slo", text, f"the limit {raw!r} is not a finite number >= 0")])
     return SLO(tier, measure, op.startswith("<"), value, text.strip())

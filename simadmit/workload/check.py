@@ -112,6 +112,10 @@ def check_workload(
         workload = generate(spec.workload, seed)
     except ValueError as e:  # a rule of the arrival generators the schema did not foresee
         raise InputError([problem(source, "workload", str(e))]) from None
+    except InputError as e:  # a trace's tier or max_tokens rule against its rows, named by field alone
+        raise InputError(
+            [problem(source, None, p) if p.startswith("workload.") else p for p in e.problems]
+        ) from None
     if len(workload) == 0:
         raise InputError([problem(source, "workload", "no request arrives in this workload")])
     if not (workload.arrival >= spec.workload.warmup_s).any():

@@ -48,6 +48,9 @@ class TraceFit:
         return TimeVarying(self.shape, self.cv)
 
 
+MAX_BINS = 100_000
+
+
 def fit_trace(arrival_s: np.ndarray, bin_s: float = 60.0, idc_window_s: float = 1.0) -> TraceFit:
     """Estimate a rate curve (requests per `bin_s` bin, as steps) and the burstiness around it.
 
@@ -60,6 +63,11 @@ def fit_trace(arrival_s: np.ndarray, bin_s: float = 60.0, idc_window_s: float = 
     span = float(t[-1])
     if len(t) < 3 or span <= 0:
         raise ValueError("need at least 3 arrivals spread over time to fit a trace")
+    if span / bin_s > MAX_BINS:  # a step per bin: memory and time grow with their count
+        raise ValueError(
+            f"arrival.bin_s {bin_s:g} s cuts the trace's {span:.3g} s into {span / bin_s:.3g} bins: at most "
+            f"{MAX_BINS:,}; make bin_s larger"
+        )
     edges = np.append(np.arange(0.0, span, bin_s), span)
     counts = np.histogram(t, edges)[0]
     rate = len(t) / span

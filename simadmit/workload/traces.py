@@ -259,7 +259,7 @@ def _parse(
             arr = np.array([v if isinstance(v, str) else "" for v in values], dtype=object)
             ok, what = arr != "", "is not a non-empty string"
         else:
-            num = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
+            num = _numbers(values)
             too_big = np.isfinite(num) & (num > MAX_TOKENS)  # longer than any context: a typo or garbage
             ok = np.isfinite(num) & (num == np.round(num)) & (num >= 1) & ~too_big
             arr, what = np.where(ok, num, 1).astype(np.int64), "is not a whole number >= 1"
@@ -278,6 +278,12 @@ def _is_missing(v: object) -> bool:
     return v is _MISSING or v is None or v is pd.NaT or v == "" or (isinstance(v, float) and math.isnan(v))
 
 
+def _numbers(values: list[object]) -> np.ndarray:
+    """The values as floats, NaN where one is no number; JSON's true and false are none (not 1 and 0)."""
+    plain = [math.nan if isinstance(v, bool) or v is _MISSING else v for v in values]
+    return pd.to_numeric(pd.Series(plain, dtype=object), errors="coerce").to_numpy(dtype=float)
+
+
 def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times as seconds relative to the earliest valid one, and which rows are valid.
 
@@ -291,7 +297,7 @@ def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
         ns = stamps.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64)
         t0 = ns[ok].min() if ok.any() else 0
         return (ns - t0) / 1e9, ok
-    num = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+    num = _numbers(values)
     ok = np.isfinite(num)
     t0 = num[ok].min() if ok.any() else 0.0
     return (num - t0) / _UNIT_SECONDS[unit], ok

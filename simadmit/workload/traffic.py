@@ -80,12 +80,14 @@ def trace_lengths(spec: TraceFileSpec, column: str) -> tuple[float, ...]:
     return tuple(load(spec).frame[column].astype(float))
 
 
-def tier_rule(spec: TraceTiersSpec, shares: dict[str, float]) -> tiers.TierRule:
+def tier_rule(spec: TraceTiersSpec, shares: dict[str, float], mapped_tier: str | None) -> tiers.TierRule:
+    """`mapped_tier`: the trace's own name of the column `columns.tier` maps (read as `tier`)."""
     if spec.by == "length":
         rules = tuple(tiers.LengthRule(r.tier, r.column, r.above, r.at_most) for r in spec.rules)
         return tiers.ByLength(rules, spec.default or next(iter(shares)))
     if spec.by == "column":
-        return tiers.ByColumn(spec.column, dict(spec.names), spec.default)
+        column = "tier" if spec.column == mapped_tier else spec.column
+        return tiers.ByColumn(column, dict(spec.names), spec.default)
     return tiers.ByShare(shares)
 
 
@@ -108,7 +110,10 @@ def replay(
     if spec.requests is not None:
         frame = frame.iloc[: spec.requests]
     names = [t.name for t in spec.tiers]
-    rule = tier_rule(spec.trace.tiers, {t.name: t.share for t in spec.tiers})
+    columns = spec.trace.columns
+    rule = tier_rule(
+        spec.trace.tiers, {t.name: t.share for t in spec.tiers}, columns.tier if columns else None
+    )
     assigned = tiers.assign_tiers(frame, rule, np.random.default_rng([seed, 1]))
     unknown = sorted(set(assigned) - set(names))
     if unknown:

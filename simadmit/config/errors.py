@@ -79,13 +79,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def not_found(path: Path, what: str) -> str:
+    """Why nothing is read at `path`: nothing there, or a link leading nowhere (its target gone, or a loop)."""
+    if path.is_symlink():
+        return f"{what} not found: a link to a missing file or a loop of links"
+    return f"{what} not found"
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
     if path.is_dir():
         raise InputError([problem(path, None, f"is a folder, not a {what} file")])
     if not path.is_file():
-        raise InputError([problem(path, None, f"{what} file not found")])
+        raise InputError([problem(path, None, not_found(path, f"{what} file"))])
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
         return yaml.load(text, _UniqueKeyLoader)  # a SafeLoader refusing a key given twice

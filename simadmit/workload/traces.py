@@ -31,7 +31,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, not_found, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -140,7 +140,7 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
 def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[str]]:
     """Raw values of the named columns, and for each row its place in the file ('line N' or 'row N')."""
     if not path.is_file():
-        raise InputError([problem(path, None, "trace file not found")])
+        raise InputError([problem(path, None, not_found(path, "trace file"))])
     kind = TRACE_SUFFIXES.get(path.suffix if path.suffix != ".gz" else Path(path.stem).suffix)
     if kind is None:
         raise InputError(
@@ -206,7 +206,7 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, parse_constant=_JSONConstant)  # NaN, Infinity: named as written, not a gap
         except json.JSONDecodeError as e:
             yield line, [_NotJSON(e.msg)] * len(names)
             continue
@@ -231,6 +231,16 @@ class _NotJSON:
 
     def __str__(self) -> str:
         return f"not valid JSON ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class _JSONConstant:
+    """NaN or Infinity written in a JSON line: no number, and not a missing value either."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 _MISSING = object()
@@ -280,7 +290,7 @@ def _is_missing(v: object) -> bool:
 
 def _numbers(values: list[object]) -> np.ndarray:
     """The values as floats, NaN where one is no number; JSON's true and false are none (not 1 and 0)."""
-    plain = [math.nan if isinstance(v, bool) or v is _MISSING else v for v in values]
+    plain = [math.nan if isinstance(v, bool | _JSONConstant) or v is _MISSING else v for v in values]
     return pd.to_numeric(pd.Series(plain, dtype=object), errors="coerce").to_numpy(dtype=float)
 
 

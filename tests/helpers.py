@@ -22,8 +22,11 @@ def classical_scenario(
     dispatch: str = "central",
     warmup_s: float = 0.0,
     seed: int = 0,
+    arrival: dict | None = None,
+    deadline_s: float | None = None,
 ) -> ScenarioSpec:
-    """A textbook queue: Poisson arrivals, `servers` batch-of-1 servers, live view, no retries."""
+    """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
+    retries."""
     return scenario_from_dict(
         {
             "name": "queue",
@@ -32,6 +35,7 @@ def classical_scenario(
                 "rate_rps": rate,
                 "requests": requests,
                 "warmup_s": warmup_s,
+                "arrival": arrival or {"kind": "poisson"},
                 "tiers": [
                     {
                         "name": "only",
@@ -39,6 +43,7 @@ def classical_scenario(
                         "prompt_tokens": {"kind": "fixed", "value": 10},
                         "output_tokens": {"kind": "fixed", "value": 1},
                         "max_tokens": 1,
+                        "deadline_s": deadline_s,
                     }
                 ],
             },

@@ -24,9 +24,10 @@ def classical_scenario(
     seed: int = 0,
     arrival: dict | None = None,
     deadline_s: float | None = None,
+    abandon_after_s: float | None = None,
 ) -> ScenarioSpec:
     """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
-    retries."""
+    retries; clients wait for their answer `abandon_after_s` at most (default: for ever)."""
     return scenario_from_dict(
         {
             "name": "queue",
@@ -55,7 +56,7 @@ def classical_scenario(
                 }
             ],
             "gateway": {"replicas": 1, "poll_interval_s": 0, "dispatch": dispatch, "routing": "least_loaded"},
-            "clients": {"max_retries": 0},
+            "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s},
             "policies": [policy or {"kind": "unconditional"}],
         },
         ROOT / "tests" / "scenario.yaml",

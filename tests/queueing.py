@@ -85,3 +85,21 @@ def gamma_laplace(lam: float, cv: float) -> Callable[[float], float]:
     variation cv: (k lambda / (k lambda + s))^k with shape k = 1 / cv^2."""
     k = 1 / cv**2
     return lambda s: (k * lam / (k * lam + s)) ** k
+
+
+def mm1_deterministic_patience(lam: float, mu: float, patience: float) -> tuple[float, float]:
+    """M/M/1 FCFS where each customer gives up `patience` after arriving, and one already in service is
+    served to the end all the same (the server's time is lost with it).
+
+    The server sees M/M/1+D: an arrival is served iff its offered wait V (the work ahead of it) is below
+    the patience T. V has an atom p0 at 0 and density p0 lambda e^{-(mu - lambda) x} below T, p0 lambda
+    e^{-(mu - lambda) T} e^{-mu (x - T)} above it (level crossing), p0 from the total mass. Returns (the share
+    never served, P(V >= T) = p0 lambda e^{-(mu - lambda) T} / mu; the share without an answer by T, which
+    adds those served too late: P(V + S > T) = P(V >= T) + p0 e^{-(mu - lambda) T}).
+    """
+    d = mu - lam
+    decay = math.exp(-d * patience)
+    growth = patience if d == 0 else (1 - decay) / d
+    p0 = 1 / (1 + lam * growth + lam * decay / mu)
+    never = p0 * lam * decay / mu
+    return never, never + p0 * decay

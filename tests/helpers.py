@@ -22,8 +22,12 @@ def classical_scenario(
     dispatch: str = "central",
     warmup_s: float = 0.0,
     seed: int = 0,
+    arrival: dict | None = None,
+    deadline_s: float | None = None,
+    abandon_after_s: float | None = None,
 ) -> ScenarioSpec:
-    """A textbook queue: Poisson arrivals, `servers` batch-of-1 servers, live view, no retries."""
+    """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
+    retries; clients wait for their answer `abandon_after_s` at most (default: for ever)."""
     return scenario_from_dict(
         {
             "name": "queue",
@@ -32,6 +36,7 @@ def classical_scenario(
                 "rate_rps": rate,
                 "requests": requests,
                 "warmup_s": warmup_s,
+                "arrival": arrival or {"kind": "poisson"},
                 "tiers": [
                     {
                         "name": "only",
@@ -39,6 +44,7 @@ def classical_scenario(
                         "prompt_tokens": {"kind": "fixed", "value": 10},
                         "output_tokens": {"kind": "fixed", "value": 1},
                         "max_tokens": 1,
+                        "deadline_s": deadline_s,
                     }
                 ],
             },
@@ -50,7 +56,7 @@ def classical_scenario(
                 }
             ],
             "gateway": {"replicas": 1, "poll_interval_s": 0, "dispatch": dispatch, "routing": "least_loaded"},
-            "clients": {"max_retries": 0},
+            "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s},
             "policies": [policy or {"kind": "unconditional"}],
         },
         ROOT / "tests" / "scenario.yaml",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 
 def erlang_c(c: int, offered: float) -> float:
@@ -45,3 +46,60 @@ def mm1_mean_wait_variance(lam: float, mu: float, n: int) -> float:
     """
     rho = lam / mu
     return rho * (2 + 5 * rho - 4 * rho**2 + rho**3) / (mu**2 * (1 - rho) ** 4) / n
+
+
+def mmc_wait_tail(lam: float, mu: float, c: int, t: float) -> float:
+    """P(W > t) of the M/M/c FCFS wait: an arrival waits with probability C(c, a), and then an exponential
+    time of rate c mu - lambda (the rate at which the queue ahead of it empties)."""
+    return erlang_c(c, lam / mu) * math.exp(-(c * mu - lam) * t)
+
+
+def mmc_wait_quantile(lam: float, mu: float, c: int, q: float) -> float:
+    """The q-quantile of the M/M/c wait: 0 when at least a share q of arrivals do not wait."""
+    waits = erlang_c(c, lam / mu)
+    return 0.0 if waits <= 1 - q else math.log(waits / (1 - q)) / (c * mu - lam)
+
+
+def mg1_mean_wait(lam: float, mean: float, second_moment: float) -> float:
+    """Pollaczek-Khinchine: mean wait of M/G/1 = lambda E[S^2] / (2 (1 - rho)), rho = lambda E[S]."""
+    return lam * second_moment / (2 * (1 - lam * mean))
+
+
+def gm1_sigma(laplace: Callable[[float], float], mu: float) -> float:
+    """G/M/1: the root sigma in (0, 1) of sigma = A*(mu (1 - sigma)), A* the Laplace-Stieltjes transform of
+    the inter-arrival time (rho < 1). An arrival waits with probability sigma, and then an exponential time of
+    rate mu (1 - sigma); the mean wait is sigma / (mu (1 - sigma)). Found by bisection: the gap
+    A*(mu (1 - x)) - x is positive at 0 and negative just below 1."""
+    lo, hi = 0.0, 1 - 1e-9
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if laplace(mu * (1 - mid)) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def gamma_laplace(lam: float, cv: float) -> Callable[[float], float]:
+    """Laplace-Stieltjes transform of a gamma inter-arrival time of mean 1/lambda and coefficient of
+    variation cv: (k lambda / (k lambda + s))^k with shape k = 1 / cv^2."""
+    k = 1 / cv**2
+    return lambda s: (k * lam / (k * lam + s)) ** k
+
+
+def mm1_deterministic_patience(lam: float, mu: float, patience: float) -> tuple[float, float]:
+    """M/M/1 FCFS where each customer gives up `patience` after arriving, and one already in service is
+    served to the end all the same (the server's time is lost with it).
+
+    The server sees M/M/1+D: an arrival is served iff its offered wait V (the work ahead of it) is below
+    the patience T. V has an atom p0 at 0 and density p0 lambda e^{-(mu - lambda) x} below T, p0 lambda
+    e^{-(mu - lambda) T} e^{-mu (x - T)} above it (level crossing), p0 from the total mass. Returns (the share
+    never served, P(V >= T) = p0 lambda e^{-(mu - lambda) T} / mu; the share without an answer by T, which
+    adds those served too late: P(V + S > T) = P(V >= T) + p0 e^{-(mu - lambda) T}).
+    """
+    d = mu - lam
+    decay = math.exp(-d * patience)
+    growth = patience if d == 0 else (1 - decay) / d
+    p0 = 1 / (1 + lam * growth + lam * decay / mu)
+    never = p0 * lam * decay / mu
+    return never, never + p0 * decay

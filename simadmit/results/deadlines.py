@@ -1,9 +1,10 @@
 """Deadlines: what a run did with requests that carried one, and the GPU time spent on lost causes.
 
 A request with a deadline that completes after it was served for nothing: its GPU-seconds (at the
-profile's saturation rates, for its true lengths) are wasted. Door rejection (predicted late: never
-admitted) and post-queue shedding (admitted, still queued when the deadline was lost: dropped before any
-GPU time) are the two ways to waste less; this counts both and what was wasted anyway.
+profile's saturation rates, for its true lengths; on a classical server, its service time) are wasted.
+Door rejection (predicted late: never admitted) and post-queue shedding (admitted, still queued when the
+deadline was lost: dropped before any GPU time) are the two ways to waste less; this counts both and what
+was wasted anyway.
 
 `deadline_waste` prices, per request, the GPU time spent on a request with a deadline that brought no
 answer in time: the whole of an answer that came late, and the tokens prefilled and decoded before an abort
@@ -16,6 +17,7 @@ import math
 
 import numpy as np
 
+from simadmit.results.records import true_cost
 from simadmit.sim.ledger import ABORTED, COMPLETED
 from simadmit.sim.simulation import RunResult
 from simadmit.sim.world import World
@@ -23,8 +25,8 @@ from simadmit.workload.build import Workload
 
 
 def deadline_waste(result: RunResult, workload: Workload, world: World) -> np.ndarray:
-    """GPU-seconds (at the true profile's saturation rates) each request spent without answering by its
-    deadline; 0 for requests without one, answered in time, or never served."""
+    """GPU-seconds (at the true profile's saturation rates; a classical server's service time) each request
+    spent without answering by its deadline; 0 for requests without one, answered in time, or never served."""
     led = result.ledger
     has = np.isfinite(workload.deadline)
     outcome = np.asarray(led.outcome)
@@ -33,13 +35,17 @@ def deadline_waste(result: RunResult, workload: Workload, world: World) -> np.nd
     pool = np.asarray(led.pool)
     prompt_done = np.asarray(led.aborted_prompt_done)
     output_done = np.asarray(led.aborted_output_done)
-    waste = np.zeros(len(workload))
+    rid = np.arange(len(workload))
+    cost = true_cost(result, world, pool, rid, workload.prompt, workload.output)
+    waste = np.where(late, cost, 0.0)
+    scheduled = ~np.isnan(np.asarray(led.scheduled, dtype=float))
     for p, cfg in enumerate(world.pools):
-        est = cfg.estimator
-        mine = late & (pool == p)
-        waste[mine] = est.estimate_many(workload.prompt[mine], workload.output[mine])
         mine = aborted & (pool == p)
-        waste[mine] = est.estimate_many(prompt_done[mine], output_done[mine])
+        if p < len(result.service_s) and result.service_s[p] is not None:
+            # a classical server runs an aborted request to the end of its service: all of it is lost
+            waste[mine] = np.where(scheduled[mine], cost[mine], 0.0)
+        else:
+            waste[mine] = cfg.estimator.estimate_many(prompt_done[mine], output_done[mine])
     return waste
 
 
@@ -50,10 +56,9 @@ def deadline_report(result: RunResult, workload: Workload, world: World) -> dict
     finish = np.array(led.finish, dtype=float)
     done = np.array(led.outcome) == COMPLETED
     late = has & done & (finish > workload.deadline)
-    cost = np.zeros(len(workload))
-    for p, cfg in enumerate(world.pools):
-        mine = np.array(led.pool) == p
-        cost[mine] = cfg.estimator.estimate_many(workload.prompt[mine], workload.output[mine])
+    cost = true_cost(
+        result, world, np.asarray(led.pool), np.arange(len(workload)), workload.prompt, workload.output
+    )
     served = has & done
     scheduled = np.array(led.scheduled, dtype=float)
     shed = np.zeros(len(workload), dtype=bool)

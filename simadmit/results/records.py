@@ -78,6 +78,23 @@ def requests_frame(result: RunResult, req: pd.DataFrame) -> pd.DataFrame:
     return df[cols]
 
 
+def true_cost(
+    result: RunResult, world: World, pool: np.ndarray, rid: np.ndarray, prompt: np.ndarray, output: np.ndarray
+) -> np.ndarray:
+    """GPU-seconds of work each request (`rid`, served by pool index `pool`, with its true lengths) takes:
+    at its pool's profile's saturation rates; on a classical server, whose work is no function of tokens,
+    its service time (times the replica's GPUs), the time it holds its server. Requests of no pool: 0."""
+    cost = np.zeros(len(rid))
+    for p, cfg in enumerate(world.pools):
+        mine = pool == p
+        service = result.service_s[p] if p < len(result.service_s) else None
+        if service is not None:
+            cost[mine] = service[rid[mine]] * cfg.gpus_per_replica
+        else:
+            cost[mine] = cfg.estimator.estimate_many(prompt[mine], output[mine])
+    return cost
+
+
 def busy_seconds_until(periods: list[tuple[float, float]], t: np.ndarray) -> np.ndarray:
     """Total busy time in [0, t] for each t, given one replica's disjoint, sorted busy periods."""
     if not periods:

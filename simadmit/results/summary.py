@@ -31,7 +31,7 @@ import pandas as pd
 from simadmit.results.deadlines import deadline_waste
 from simadmit.results.histogram import LatencyHistogram
 from simadmit.results.intervals import FEW_BEYOND, pooled_quantile, t975
-from simadmit.results.records import utilization
+from simadmit.results.records import true_cost, utilization
 from simadmit.sim.simulation import RunResult
 from simadmit.sim.world import World
 from simadmit.workload.build import Workload
@@ -148,7 +148,7 @@ def measurement_window(workload: Workload, world: World) -> tuple[float, float]:
 def run_summary(result: RunResult, workload: Workload, world: World, req: pd.DataFrame) -> dict[str, dict]:
     """Measures per tier and for all requests ("all") of one run, from its `records.request_table`."""
     req = req.assign(
-        true_cost_gpu_s=_true_cost(req, world),
+        true_cost_gpu_s=_true_cost(result, req, world),
         wasted_gpu_s=deadline_waste(result, workload, world)[req["request_id"].to_numpy()],
     )
     start, end = measurement_window(workload, world)
@@ -216,15 +216,12 @@ def _paid_replicas(result: RunResult, pool: int, start: float, end: float) -> di
     }
 
 
-def _true_cost(req: pd.DataFrame, world: World) -> np.ndarray:
-    """GPU-seconds each request really needs at saturation rates: its actual output, not max_tokens."""
-    cost = np.zeros(len(req))
-    for cfg in world.pools:
-        mine = (req["pool"] == cfg.name).to_numpy()
-        cost[mine] = cfg.estimator.estimate_many(
-            req["prompt_tokens"].to_numpy()[mine], req["output_tokens"].to_numpy()[mine]
-        )
-    return cost
+def _true_cost(result: RunResult, req: pd.DataFrame, world: World) -> np.ndarray:
+    """GPU-seconds each request really needs (`records.true_cost`): its actual output, not max_tokens."""
+    return true_cost(
+        result, world, np.asarray(req["pool"].cat.codes), req["request_id"].to_numpy(),
+        req["prompt_tokens"].to_numpy(), req["output_tokens"].to_numpy(),
+    )  # fmt: skip
 
 
 def combine(replications: list[dict[str, dict]]) -> dict[str, dict]:

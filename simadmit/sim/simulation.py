@@ -50,6 +50,8 @@ class RunResult:
     end_s: float
     events: int
     shed: list[int] = field(default_factory=list)  # admitted requests dropped once their deadline was lost
+    # per pool: each request's service time on a classical server (None: a batching engine's pool)
+    service_s: list[np.ndarray | None] = field(default_factory=list)
 
 
 def policy_requests(workload: Workload) -> list[Request]:
@@ -216,7 +218,7 @@ class Simulation(RequestListener):
             [[[a, min(b, env.now)] for a, b in pool.lifetimes] for pool in self.pools],
             [pool.replica_log for pool in self.pools],
             [pool.peak_in_flight_gpu_s for pool in self.pools],
-            env.now, self.events, self.shed,
+            env.now, self.events, self.shed, [pool.service_s for pool in self.pools],
         )  # fmt: skip
 
     def _arrive(self, _ev: simpy.Event) -> None:

@@ -618,6 +618,29 @@ SIM_CASES = [
             and s["queue_depth"]["all"]["queue_wait_mean_s"] == 0
         ),  # Erlang B, nobody waits
     ),
+    *(  # each was read as 1: a budget of 1 s, a length of 1 token, a priority of 1
+        Case(
+            f"true-inside-{where}", _set(path, value), fragment=f"{where}: Input should be a number, not true"
+        )
+        for path, value, where in (
+            (
+                "policies.0",
+                {"kind": "gpu_seconds", "budgets_s": {"interactive": True}},
+                "budgets_s.interactive",
+            ),
+            (
+                "workload.tiers.0.prompt_tokens",
+                {"kind": "empirical", "values": [True, 5]},
+                "empirical.values.0",
+            ),
+            ("workload.arrival", {"kind": "profile", "points": [[0, True]]}, "profile.points.0.1"),
+            (
+                "pools.0.engine",
+                {"scheduling": "priority", "tier_priority": {"interactive": True}},
+                "tier_priority.interactive",
+            ),
+        )
+    ),
 ]
 
 

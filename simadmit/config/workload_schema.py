@@ -28,15 +28,14 @@ class Spec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_boolean_numbers(cls, data: object) -> object:
-        """`true` where a number goes is an error at that field (`pydantic_problems` words it)."""
+        """`true` where a number goes is an error at that field (`pydantic_problems` words it), also inside
+        a mapping or list of numbers (a budget per tier, a profile's points)."""
         if not isinstance(data, dict):
             return data
         flagged = {
-            key: BooleanInput(value)
+            key: _flag_booleans(cls.model_fields[key].annotation, value)
             for key, value in data.items()
-            if isinstance(value, bool)
-            and key in cls.model_fields
-            and _numeric(cls.model_fields[key].annotation)
+            if key in cls.model_fields and isinstance(value, bool | dict | list | tuple)
         }
         return {**data, **flagged} if flagged else data
 
@@ -53,9 +52,38 @@ class BooleanInput:
 
 def _numeric(annotation: object) -> bool:
     """A field of int or float (perhaps optional), where pydantic would read true as 1."""
+    annotation = _unwrap(annotation)
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     kinds = typing.get_args(annotation) if union else (annotation,)
     return bool not in kinds and any(k in (int, float) for k in kinds)
+
+
+def _unwrap(annotation: object) -> object:
+    """The type an annotation holds, without `Annotated[...]` constraints and an `| None`."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(options) == 1:
+            return _unwrap(options[0])
+    return annotation
+
+
+def _flag_booleans(annotation: object, value: object) -> object:
+    """`value` with each true/false that stands where `annotation` wants a number marked as `BooleanInput`,
+    in mappings, lists and pairs of numbers too (nested models mark their own fields)."""
+    if isinstance(value, bool):
+        return BooleanInput(value) if _numeric(annotation) else value
+    annotation = _unwrap(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _flag_booleans(args[1], v) for k, v in value.items()}
+    if origin is list and isinstance(value, list) and args:
+        return [_flag_booleans(args[0], v) for v in value]
+    if origin is tuple and isinstance(value, list | tuple) and args:
+        kinds = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
+        return [_flag_booleans(k, v) for k, v in zip(kinds, value, strict=False)] + list(value[len(kinds) :])
+    return value
 
 
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo

@@ -641,6 +641,44 @@ SIM_CASES = [
             ),
         )
     ),
+    Case(
+        "gamma-cv-tiny",  # a traceback: the gamma shape 1 / cv^2 divided by zero
+        _set("workload.arrival", {"kind": "gamma", "cv": 1e-300}),
+        fragment="workload.arrival.gamma.cv: Input should be greater than or equal to 0.001",
+    ),
+    Case(
+        "mmpp-periods-tiny",  # hung: a calm period and a burst per 1e-300 s of the run
+        _set("workload.arrival", {"kind": "mmpp", "burst_factor": 2, "calm_s": 1e-300, "burst_s": 1e-300}),
+        fragment="scenario.yaml: workload: arrival.calm_s 1e-300 s and burst_s 1e-300 s switch state about "
+        "4e+300 times in the run's 4 s: at most 10,000,000",
+    ),
+    Case(
+        "lognormal-min-huge",  # every token count 1e300: all refused as too long, without a word
+        _set(
+            "workload.tiers.0.prompt_tokens", {"kind": "lognormal", "median": 100, "sigma": 1, "min": 1e300}
+        ),
+        fragment="workload.tiers.0.prompt_tokens.lognormal.min: Input should be less than or equal to 10000000",
+    ),
+    Case(
+        "service-time-min-beyond-the-timeline",  # a traceback: the min was not counted in its reach
+        _classical({"kind": "lognormal", "median": 1, "sigma": 0, "min": 2e6}, {"kind": "unconditional"}),
+        fragment="pools.0.engine.classical.service_time: one draw in a million reaches 2e+06 s: at most 1e+06 s",
+    ),
+    Case(
+        "autoscaler-target-tiny",  # a traceback: metric / target overflowed to infinity
+        _set(
+            "pools.0.autoscaler",
+            {
+                "metric": "queue_wait",
+                "target": 1e-320,
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "sync_period_s": 1,
+            },
+        ),
+        code=0,
+        fragment="simulated requests",
+    ),
 ]
 
 

@@ -62,20 +62,21 @@ class ContinuousEngineSpec(Spec):
 
 def _seconds(dist: DistSpec) -> DistSpec:
     """A distribution of seconds (service, cold start) must stay within MAX_SECONDS in practice: its
-    one-in-a-million draw (or its `max`) at most that, since each draw becomes a time on the timeline."""
+    one-in-a-million draw (clipped to its `min` and `max`) at most that, since each draw becomes a time on
+    the timeline."""
     if isinstance(dist, FixedSpec):
         reach = dist.value
     elif isinstance(dist, ExponentialSpec):
         reach = dist.mean * math.log(1e6)
     elif isinstance(dist, LogNormalSpec):
-        reach = min(dist.max, dist.median * math.exp(4.75 * dist.sigma))
+        reach = min(dist.max, max(dist.min, dist.median * math.exp(4.75 * dist.sigma)))
     else:
         assert isinstance(dist, EmpiricalSpec)
         reach = max(dist.values or [0.0])
     if reach > MAX_SECONDS:
         raise ValueError(
-            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale, "
-            "or a max)"
+            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale "
+            "or min, or a max)"
         )
     return dist
 

@@ -90,6 +90,7 @@ MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count
 MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
 MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
+MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -104,7 +105,9 @@ class LogNormalSpec(Spec):
     kind: Literal["lognormal"]
     median: float = Field(gt=0, le=MAX_VALUE)
     sigma: float = Field(ge=0, le=10, description="standard deviation of log(x)")
-    min: float = Field(default=0, ge=0, description="clip below (default: none; token counts are >= 1)")
+    min: float = Field(
+        default=0, ge=0, le=MAX_VALUE, description="clip below (default: none; token counts are >= 1)"
+    )
     max: float = Field(default=float("inf"), gt=0, allow_inf_nan=True, description="clip above")
 
     @model_validator(mode="after")
@@ -147,7 +150,7 @@ class PoissonSpec(Spec):
 class GammaSpec(Spec):
     kind: Literal["gamma"]
     cv: float = Field(
-        gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
+        ge=MIN_CV, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
     )
 
 
@@ -164,7 +167,9 @@ class ProfileArrivalSpec(Spec):
         min_length=1,
         description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains",
     )
-    cv: float = Field(default=1.0, gt=0, le=MAX_CV, description="burstiness around the curve (1 = Poisson)")
+    cv: float = Field(
+        default=1.0, ge=MIN_CV, le=MAX_CV, description="burstiness around the curve (1 = Poisson)"
+    )
 
     @model_validator(mode="after")
     def _curve(self) -> ProfileArrivalSpec:
@@ -185,7 +190,7 @@ class DiurnalSpec(Spec):
     )
     period_s: float = Field(default=86_400.0, gt=0, le=MAX_SECONDS)
     peak_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
-    cv: float = Field(default=1.0, gt=0, le=MAX_CV)
+    cv: float = Field(default=1.0, ge=MIN_CV, le=MAX_CV)
 
 
 class TraceColumnsSpec(Spec):

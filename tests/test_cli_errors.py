@@ -679,6 +679,11 @@ SIM_CASES = [
         code=0,
         fragment="simulated requests",
     ),
+    Case(
+        "set-nested-too-deeply",  # a RecursionError from the YAML parser
+        args=("--set", "workload.rate_rps=" + "[" * 100_000),
+        fragment="[[[: not valid YAML (nested too deeply)",
+    ),
 ]
 
 
@@ -941,6 +946,11 @@ COMMAND_CASES = [
         "simulate-list-scenario",
         ("simulate", "{in}/list.yaml"),
         fragment="list.yaml: a scenario must be a YAML",
+    ),
+    CommandCase(
+        "simulate-nested-too-deeply",  # a RecursionError from the YAML parser
+        ("simulate", "{in}/deep.yaml"),
+        fragment="deep.yaml: not valid YAML (nested too deeply)",
     ),
     CommandCase(
         "simulate-bom-crlf-scenario",
@@ -1416,6 +1426,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})

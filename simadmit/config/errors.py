@@ -12,6 +12,8 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
+
 
 class InputError(Exception):
     """Bad user input (scenario, profile, trace, endpoint); `problems` holds one line per problem."""
@@ -97,6 +99,8 @@ def read_yaml(path: str | Path, what: str) -> object:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+    except RecursionError:  # the parser recurses once per level of brackets or indentation
+        raise InputError([problem(path, None, f"not valid YAML ({TOO_DEEP})")]) from None
 
 
 def read_mapping(path: str | Path, what: str) -> dict:

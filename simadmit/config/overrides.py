@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import TOO_DEEP, InputError, problem
 
 
 def parse_assignments(values: Iterable[str]) -> dict[str, object]:
@@ -34,6 +34,8 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
             out[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError as e:
             bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
+        except RecursionError:
+            bad.append(problem("--set", item, f"not valid YAML ({TOO_DEEP})"))
     if bad:
         raise InputError(bad)
     return out

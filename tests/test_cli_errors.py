@@ -684,6 +684,25 @@ SIM_CASES = [
         args=("--set", "workload.rate_rps=" + "[" * 100_000),
         fragment="[[[: not valid YAML (nested too deeply)",
     ),
+    *(  # the first two were tracebacks (RecursionError, ValueError); NaN read as a missing value
+        Case(
+            f"trace-jsonl-{what}",
+            _trace_workload("trace.jsonl", "mooncake"),
+            files={"trace.jsonl": MOONCAKE_OK + line + "\n"},
+            fragment=f"trace.jsonl: line 2: not valid JSON ({reason})",
+        )
+        for what, line, reason in (
+            ("nested-too-deeply", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+            ("number-of-5000-digits", '{"timestamp": ' + "9" * 5000 + "}", "a number too long"),
+            ("nan", '{"timestamp": NaN, "input_length": 50, "output_length": 5}', "NaN is not a JSON value"),
+        )
+    ),
+    Case(
+        "trace-csv-field-too-long",  # a traceback: the csv module's field limit
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o,x\n0,10,5,a\n1,10,5," + "a" * 200_000 + "\n"},
+        fragment="trace.csv: line 3: not a CSV record (field larger than field limit (131072))",
+    ),
 ]
 
 

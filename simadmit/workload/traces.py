@@ -31,7 +31,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import TOO_DEEP, InputError, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -192,13 +192,16 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
         raise InputError([problem(path, None, "empty file, expected a header line")])
     _require(path, names, header)
     idx = [header.index(n) for n in names]
-    for record in reader:
-        if not record:
-            continue  # blank line
-        if len(record) != len(header):
-            yield reader.line_num, [_WrongWidth(len(record), len(header))] * len(names)
-        else:
-            yield reader.line_num, [record[i] for i in idx]
+    try:
+        for record in reader:
+            if not record:
+                continue  # blank line
+            if len(record) != len(header):
+                yield reader.line_num, [_WrongWidth(len(record), len(header))] * len(names)
+            else:
+                yield reader.line_num, [record[i] for i in idx]
+    except csv.Error as e:  # a field past the csv module's limit (131,072 characters): no trace has one
+        raise InputError([problem(path, f"line {reader.line_num}", f"not a CSV record ({e})")]) from None
 
 
 def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
@@ -206,14 +209,28 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             yield line, [_NotJSON(e.msg)] * len(names)
+            continue
+        except ValueError as e:  # NaN or Infinity; an integer of thousands of digits
+            yield line, [_NotJSON(str(e) if isinstance(e, _Constant) else "a number too long")] * len(names)
+            continue
+        except RecursionError:
+            yield line, [_NotJSON(TOO_DEEP)] * len(names)
             continue
         if not isinstance(obj, dict):
             yield line, [_NotJSON("not a JSON object")] * len(names)
         else:
             yield line, [obj.get(n, _MISSING) for n in names]
+
+
+class _Constant(ValueError):
+    """NaN or Infinity in a JSON line: Python's reader takes them, JSON has no such values."""
+
+
+def _no_constant(name: str) -> object:
+    raise _Constant(f"{name} is not a JSON value")
 
 
 @dataclass(frozen=True, slots=True)

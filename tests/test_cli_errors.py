@@ -1004,8 +1004,35 @@ COMMAND_CASES = [
     CommandCase(
         "sweep-value-is-printed-as-typed",
         ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=a:b:3", "--out", "{tmp}/s"),
-        fragment="--param workload.rate_rps=a:b:3: ",  # not an emoji, not markup
+        fragment="--param: workload.rate_rps=a:b:3: a range is",  # not an emoji, not markup
     ),
+    *(
+        CommandCase(
+            f"sweep-{what}",
+            ("sweep", "{in}/ok.yaml", "--param", f"workload.rate_rps={value}", "--out", "{tmp}/s"),
+            fragment=f"--param: workload.rate_rps={value}: {message}",
+        )
+        for what, value, message in (
+            ("range-end-not-a-number", "1e:2:3", "a range is lo:hi:n, two finite numbers and a whole number"),
+            ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
+            ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
+            ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
+        )
+    ),
+    CommandCase(
+        "optimize-search-to-infinity",  # a traceback (an infinite integer bound)
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "pools.0.replicas=1:inf",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--search: pools.0.replicas=1:inf: expected path=lo:hi, finite numbers with lo <= hi",
+    ),  # fmt: skip
     CommandCase(
         "sweep-binary-scenario",
         ("sweep", "{in}/binary.yaml", "--param", "workload.rate_rps=1,2", "--out", "{tmp}/s"),

@@ -703,6 +703,11 @@ SIM_CASES = [
         files={"trace.csv": "t,p,o,x\n0,10,5,a\n1,10,5," + "a" * 200_000 + "\n"},
         fragment="trace.csv: line 3: not a CSV record (field larger than field limit (131072))",
     ),
+    Case(
+        "tier-name-with-a-slash",  # ran; then `plot` of a sweep was a traceback, `compare` "could not write"
+        _set("workload.tiers.0.name", "a/b"),
+        fragment="workload.tiers.0.name: 'a/b' names files of its plots (`plot`, `compare`): no /, \\ or control",
+    ),
 ]
 
 

@@ -287,7 +287,7 @@ class SLOSpec(Spec):
 
 
 class TierSpec(Spec):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=100)
     share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
     prompt_tokens: DistSpec | None = Field(
         default=None, description="required unless the workload is a trace"
@@ -308,6 +308,16 @@ class TierSpec(Spec):
     end_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _file_name_part(cls, v: str) -> str:
+        """A tier's name is part of file names (the per-tier plots of `plot` and `compare`)."""
+        if any(c in "/\\" or not c.isprintable() for c in v):
+            raise ValueError(
+                f"{v!r} names files of its plots (`plot`, `compare`): no /, \\ or control characters"
+            )
+        return v
 
     @model_validator(mode="after")
     def _window(self) -> TierSpec:

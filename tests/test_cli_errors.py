@@ -708,6 +708,11 @@ SIM_CASES = [
         _set("workload.tiers.0.name", "a/b"),
         fragment="workload.tiers.0.name: 'a/b' names files of its plots (`plot`, `compare`): no /, \\ or control",
     ),
+    Case(
+        "tier-shares-overflow",  # their sum overflowed: every request went to the second tier
+        _set("workload.tiers", [{**TIER, "share": 1e308}, {**TIER, "name": "batch", "share": 1e308}]),
+        fragment="workload.tiers.0.share: Input should be less than or equal to 1000000000000",
+    ),
 ]
 
 

@@ -90,6 +90,7 @@ MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count
 MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
 MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
+MAX_SHARE = 1e12  # tier shares are normalised: a larger one is a typo (and their sum could overflow)
 MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows
 
 
@@ -288,7 +289,9 @@ class SLOSpec(Spec):
 
 class TierSpec(Spec):
     name: str = Field(min_length=1, max_length=100)
-    share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
+    share: float = Field(
+        default=1.0, gt=0, le=MAX_SHARE, description="fraction of arrivals (shares are normalised)"
+    )
     prompt_tokens: DistSpec | None = Field(
         default=None, description="required unless the workload is a trace"
     )

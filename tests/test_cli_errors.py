@@ -253,7 +253,11 @@ SIM_CASES = [
     Case(
         "trace-jsonl-bom-crlf",
         _trace_workload("trace.jsonl", "mooncake"),
-        files={"trace.jsonl": "\ufeff" + MOONCAKE_OK.replace("\n", "\r\n") * 2 + "\r\n"},
+        files={
+            "trace.jsonl": "\ufeff"
+            + (MOONCAKE_OK + MOONCAKE_OK.replace(": 0,", ": 1000,")).replace("\n", "\r\n")
+            + "\r\n"
+        },
         code=0,
         fragment="2 simulated requests",
     ),
@@ -712,6 +716,18 @@ SIM_CASES = [
         "tier-shares-overflow",  # their sum overflowed: every request went to the second tier
         _set("workload.tiers", [{**TIER, "share": 1e308}, {**TIER, "name": "batch", "share": 1e308}]),
         fragment="workload.tiers.0.share: Input should be less than or equal to 1000000000000",
+    ),
+    *(  # ran, with goodput and throughput divided by 1e-9 s: 1,000,000,000 requests/s
+        Case(
+            f"trace-{what}",
+            _trace_workload(),
+            files={"trace.csv": AZURE_HEADER + rows},
+            fragment="scenario.yaml: workload: every measured request arrives at the same instant (0 s)",
+        )
+        for what, rows in (
+            ("of-one-row", "2023-11-16 18:15:46.68,374,44\n"),
+            ("all-at-one-instant", "2023-11-16 18:15:46.68,374,44\n" * 50),
+        )
     ),
 ]
 

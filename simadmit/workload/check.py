@@ -130,4 +130,17 @@ def check_workload(
                 )
             ]
         )
+    last = float(workload.arrival.max())
+    if last <= spec.workload.warmup_s:  # the summary's window, warm-up to last arrival, is empty
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "workload",
+                    f"every measured request arrives at the same instant ({last:g} s): the summary's rates "
+                    "(requests per second from the warm-up to the last arrival) would be over no time at all; "
+                    "give requests that arrive over some time",
+                )
+            ]
+        )
     return notes

@@ -729,6 +729,16 @@ SIM_CASES = [
             ("all-at-one-instant", "2023-11-16 18:15:46.68,374,44\n" * 50),
         )
     ),
+    Case(
+        "profile-path-empty",  # "profile '' is a folder": the scenario's own folder
+        _set("pools.0.profile", ""),
+        fragment="scenario.yaml: pools.0.profile: String should have at least 1 character",
+    ),
+    Case(
+        "trace-path-is-a-device",  # "trace '/dev/null' not found"
+        _trace_workload("/dev/null"),
+        fragment="workload.trace.path: trace '/dev/null' is not a regular file (a device, pipe or socket)",
+    ),
 ]
 
 
@@ -991,6 +1001,11 @@ COMMAND_CASES = [
         "simulate-list-scenario",
         ("simulate", "{in}/list.yaml"),
         fragment="list.yaml: a scenario must be a YAML",
+    ),
+    CommandCase(
+        "simulate-device-as-scenario",  # "scenario file not found"
+        ("simulate", "/dev/null"),
+        fragment="/dev/null: scenario file is not a regular file (a device, pipe or socket)",
     ),
     CommandCase(
         "simulate-nested-too-deeply",  # a RecursionError from the YAML parser

@@ -12,6 +12,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+SPECIAL = "is not a regular file (a device, pipe or socket)"  # what exists, is no folder, and no file
 TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
 
 
@@ -87,7 +88,9 @@ def read_yaml(path: str | Path, what: str) -> object:
     if path.is_dir():
         raise InputError([problem(path, None, f"is a folder, not a {what} file")])
     if not path.is_file():
-        raise InputError([problem(path, None, f"{what} file not found")])
+        raise InputError(
+            [problem(path, None, f"{what} file {'not found' if not path.exists() else SPECIAL}")]
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
         return yaml.load(text, _UniqueKeyLoader)  # a SafeLoader refusing a key given twice

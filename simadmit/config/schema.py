@@ -138,7 +138,9 @@ class AutoscalerSpec(Spec):
 
 class PoolSpec(Spec):
     name: str = Field(default="pool", min_length=1)
-    profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
+    profile: str = Field(
+        min_length=1, description="profile file (relative to the scenario) or a bundled profile name"
+    )
     replicas: int = Field(gt=0, le=MAX_REPLICAS)
     gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
     engine: EngineSpec = ContinuousEngineSpec()

@@ -203,7 +203,9 @@ class TraceColumnsSpec(Spec):
 
 
 class TraceFileSpec(Spec):
-    path: str = Field(description="trace file (relative to the scenario) or a bundled trace name")
+    path: str = Field(
+        min_length=1, description="trace file (relative to the scenario) or a bundled trace name"
+    )
     format: Literal["azure", "mooncake", "mapped"] = "mapped"
     columns: TraceColumnsSpec | None = Field(default=None, description="required for format: mapped")
     start_s: float = Field(

@@ -31,7 +31,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import TOO_DEEP, InputError, problem
+from simadmit.config.errors import SPECIAL, TOO_DEEP, InputError, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -140,7 +140,7 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
 def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[str]]:
     """Raw values of the named columns, and for each row its place in the file ('line N' or 'row N')."""
     if not path.is_file():
-        raise InputError([problem(path, None, "trace file not found")])
+        raise InputError([problem(path, None, "trace file " + (SPECIAL if path.exists() else "not found"))])
     kind = TRACE_SUFFIXES.get(path.suffix if path.suffix != ".gz" else Path(path.stem).suffix)
     if kind is None:
         raise InputError(

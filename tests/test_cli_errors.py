@@ -739,6 +739,16 @@ SIM_CASES = [
         _trace_workload("/dev/null"),
         fragment="workload.trace.path: trace '/dev/null' is not a regular file (a device, pipe or socket)",
     ),
+    Case(
+        "key-null",  # "None: Keys should be strings"
+        lambda d: d.update({None: "x"}),
+        fragment="scenario.yaml: the key null is not a name: write it in quotes if it is one ('null': ...)",
+    ),
+    Case(
+        "key-null-of-a-mapping",  # "policies.0.gpu_seconds.budgets_s.None.[key]: Input should be a valid string"
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {None: 3}}),
+        fragment="policies.0.gpu_seconds.budgets_s: the key null is not a name",
+    ),
 ]
 
 

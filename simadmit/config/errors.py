@@ -48,10 +48,16 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
     """Turn a pydantic ValidationError into one `file: field.path: message` line per error."""
     lines = []
     for e in error.errors():  # type: ignore[attr-defined]
-        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-"))
+        parts = [str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        key = e["type"] == "invalid_key" or parts[-1:] == ["[key]"]  # a key that is no text: `1:`, `null:`
+        parts = parts[: -2 if parts[-1:] == ["[key]"] else -1] if key else parts
+        loc = ".".join(parts)
         field = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if key:  # named as the file writes it (null, true), not as Python does (None, True)
+            written = yaml.safe_dump(e["input"], default_flow_style=True).removesuffix("\n...\n").strip()
+            msg = f"the key {written} is not a name: write it in quotes if it is one ('{written}': ...)"
+        elif e["type"] == "extra_forbidden":
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":
             msg = "required field is missing"

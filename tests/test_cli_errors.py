@@ -749,6 +749,11 @@ SIM_CASES = [
         _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {None: 3}}),
         fragment="policies.0.gpu_seconds.budgets_s: the key null is not a name",
     ),
+    Case(
+        "set-blank-path",  # "--set: a path has no empty part", without the item typed
+        args=("--set", " =2"),
+        fragment="--set:  =2: expected path=value",
+    ),
 ]
 
 

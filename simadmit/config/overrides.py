@@ -24,7 +24,7 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
     bad = []
     for item in values:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
             continue
         if key.strip() in out:  # which one was meant? (a later one would silently win)

@@ -754,6 +754,29 @@ SIM_CASES = [
         args=("--set", " =2"),
         fragment="--set:  =2: expected path=value",
     ),
+    Case(
+        "trace-times-past-float-range",  # the request 2e308 s later was silently dropped, and the run went on
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o\n1e308,10,5\n-1e308,10,5\n"},
+        fragment="trace.csv: its requests span inf s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-csv-column-twice",  # the first of the two was read, silently
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o,p\n0,10,5,7\n1,10,5,7\n"},
+        fragment="trace.csv: line 1: column 'p' is in the header twice",
+    ),
+    Case(
+        "trace-jsonl-key-twice",  # the last of the two was read, silently
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": 50, "input_length": 9}\n'},
+        fragment="trace.jsonl: line 2: not valid JSON (key 'input_length' given twice)",
+    ),
+    Case(
+        "variant-sets-variants",  # ran, the inner variants never
+        _set("variants", [{"name": "v", "set": {"variants": [{"name": "w", "set": {}}]}}]),
+        fragment="scenario.yaml: variants.0.set: a variant cannot set variants",
+    ),
 ]
 
 

@@ -410,6 +410,16 @@ class VariantSpec(Spec):
     name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
 
+    @field_validator("set")
+    @classmethod
+    def _not_variants(cls, v: dict[str, object]) -> dict[str, object]:
+        """A variant runs the scenario without its variants: variants set inside one would never run."""
+        if any(path.split(".")[0] == "variants" for path in v):
+            raise ValueError(
+                "a variant cannot set variants: list every variant under the scenario's variants"
+            )
+        return v
+
 
 class ScenarioSpec(Spec):
     name: str = "scenario"

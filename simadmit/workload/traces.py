@@ -191,6 +191,9 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
     if header is None:
         raise InputError([problem(path, None, "empty file, expected a header line")])
     _require(path, names, header)
+    twice = [n for n in names if header.count(n) > 1]
+    if twice:  # which of them is meant?
+        raise InputError([problem(path, "line 1", f"column {n!r} is in the header twice") for n in twice])
     idx = [header.index(n) for n in names]
     try:
         for record in reader:
@@ -209,12 +212,12 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, parse_constant=_no_constant)
+            obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             yield line, [_NotJSON(e.msg)] * len(names)
             continue
-        except ValueError as e:  # NaN or Infinity; an integer of thousands of digits
-            yield line, [_NotJSON(str(e) if isinstance(e, _Constant) else "a number too long")] * len(names)
+        except ValueError as e:  # NaN or Infinity, a key given twice; an integer of thousands of digits
+            yield line, [_NotJSON(str(e) if isinstance(e, _Refused) else "a number too long")] * len(names)
             continue
         except RecursionError:
             yield line, [_NotJSON(TOO_DEEP)] * len(names)
@@ -225,12 +228,21 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
             yield line, [obj.get(n, _MISSING) for n in names]
 
 
-class _Constant(ValueError):
-    """NaN or Infinity in a JSON line: Python's reader takes them, JSON has no such values."""
+class _Refused(ValueError):
+    """What Python's JSON reader takes and a trace line must not hold: NaN or Infinity (JSON has no such
+    values), a key given twice (the reader keeps the last silently)."""
 
 
 def _no_constant(name: str) -> object:
-    raise _Constant(f"{name} is not a JSON value")
+    raise _Refused(f"{name} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        twice = next(k for i, (k, _) in enumerate(pairs) if k in (p for p, _ in pairs[:i]))
+        raise _Refused(f"key {twice!r} given twice")
+    return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +329,8 @@ def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
     num = _numbers(values)
     ok = np.isfinite(num)
     t0 = num[ok].min() if ok.any() else 0.0
-    return (num - t0) / _UNIT_SECONDS[unit], ok
+    with np.errstate(over="ignore"):  # times 1e308 apart: infinite, refused as a span too long
+        return (num - t0) / _UNIT_SECONDS[unit], ok
 
 
 # --- replay options -------------------------------------------------------------------------------------
@@ -329,7 +342,8 @@ def _replay(frame: pd.DataFrame, o: TraceOptions) -> pd.DataFrame:
     t = t - t[0] if len(t) else t  # the first valid request is 0 only after dropping malformed rows
     if o.bucket_jitter:
         t = _jitter(t, np.random.default_rng([o.seed, 1]))
-    keep = (t >= o.start_s) & (t < o.end_s)
+    # a time past float's range (timestamps 1e308 apart) stays, so that the span check refuses it
+    keep = (t >= o.start_s) & ((t < o.end_s) | (np.isposinf(t) & math.isinf(o.end_s)))
     if o.sample < 1:
         keep &= np.random.default_rng([o.seed, 0]).random(len(t)) < o.sample
     out = frame.loc[keep].reset_index(drop=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import io
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -130,6 +132,13 @@ def _profile(**changes: object) -> str:
             node = node[key]
         node[last] = value
     return yaml.safe_dump(doc)
+
+
+def _parquet(columns: dict[str, list[object]]) -> bytes:
+    """A Parquet file of these columns, as bytes."""
+    buffer = io.BytesIO()
+    pd.DataFrame(columns).to_parquet(buffer)
+    return buffer.getvalue()
 
 
 MAPPED = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
@@ -776,6 +785,12 @@ SIM_CASES = [
         "variant-sets-variants",  # ran, the inner variants never
         _set("variants", [{"name": "v", "set": {"variants": [{"name": "w", "set": {}}]}}]),
         fragment="scenario.yaml: variants.0.set: a variant cannot set variants",
+    ),
+    Case(
+        "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
+        _trace_workload("trace.parquet", "mapped", columns=MAPPED),
+        files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},
+        fragment="trace.parquet: row 1: p array([1, 2]) is not a whole number >= 1",
     ),
 ]
 

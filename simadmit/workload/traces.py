@@ -303,8 +303,15 @@ def _parse(
 
 
 def _is_missing(v: object) -> bool:
-    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT."""
-    return v is _MISSING or v is None or v is pd.NaT or v == "" or (isinstance(v, float) and math.isnan(v))
+    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT (a Parquet list
+    cell is an array, which `== ""` would compare element by element)."""
+    return (
+        v is _MISSING
+        or v is None
+        or v is pd.NaT
+        or (isinstance(v, str) and v == "")
+        or (isinstance(v, float) and math.isnan(v))
+    )
 
 
 def _numbers(values: list[object]) -> np.ndarray:

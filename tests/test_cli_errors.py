@@ -731,12 +731,24 @@ SIM_CASES = [
             f"trace-{what}",
             _trace_workload(),
             files={"trace.csv": AZURE_HEADER + rows},
-            fragment="scenario.yaml: workload: every measured request arrives at the same instant (0 s)",
+            fragment="scenario.yaml: workload: every measured request arrives at the same instant (0 s; within 1 ms)",
         )
         for what, rows in (
             ("of-one-row", "2023-11-16 18:15:46.68,374,44\n"),
             ("all-at-one-instant", "2023-11-16 18:15:46.68,374,44\n" * 50),
         )
+    ),
+    Case(
+        "trace-speedup-huge",  # two arrivals 3.2e-301 s apart: goodput 2,000,000,000 requests/s
+        _trace_workload(speedup=1e300),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload: every measured request arrives at the same instant (3.2e-301 s",
+    ),
+    Case(
+        "trace-length-rule-matching-nothing",  # ran, the rule never applied
+        _trace_workload(tiers={"by": "length", "rules": [{"tier": "t", "above": 500, "at_most": 10}]}),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace.tiers.rules.0: at_most (10) must exceed above (500): the rule would match no",
     ),
     Case(
         "profile-path-empty",  # "profile '' is a folder": the scenario's own folder

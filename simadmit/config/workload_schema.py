@@ -252,6 +252,15 @@ class LengthRuleSpec(Spec):
     above: int = Field(default=0, ge=0, le=MAX_TOKENS)
     at_most: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
+    @model_validator(mode="after")
+    def _reachable(self) -> LengthRuleSpec:
+        """A rule for lengths > above and <= at_most matches nothing unless above < at_most."""
+        if self.at_most is not None and self.at_most <= self.above:
+            raise ValueError(
+                f"at_most ({self.at_most}) must exceed above ({self.above}): the rule would match no request"
+            )
+        return self
+
 
 class TraceTiersSpec(Spec):
     by: Literal["share", "length", "column"] = "share"

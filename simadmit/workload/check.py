@@ -26,6 +26,7 @@ from simadmit.workload import arrivals, traffic
 from simadmit.workload.build import generate
 
 MAX_REQUESTS = 5_000_000  # per workload: every request of a run is held in memory
+MIN_WINDOW_S = 0.001  # the measured arrivals' shortest span: per-second rates over less are meaningless
 BYTES_PER_REQUEST = 2_000  # per request and policy: engine state, the attempts table, the request table
 
 
@@ -131,15 +132,15 @@ def check_workload(
             ]
         )
     last = float(workload.arrival.max())
-    if last <= spec.workload.warmup_s:  # the summary's window, warm-up to last arrival, is empty
+    if last - spec.workload.warmup_s < MIN_WINDOW_S:  # the summary's window, warm-up to last arrival
         raise InputError(
             [
                 problem(
                     source,
                     "workload",
-                    f"every measured request arrives at the same instant ({last:g} s): the summary's rates "
-                    "(requests per second from the warm-up to the last arrival) would be over no time at all; "
-                    "give requests that arrive over some time",
+                    f"every measured request arrives at the same instant ({last:.3g} s; within "
+                    f"{MIN_WINDOW_S * 1000:g} ms): the summary's rates (requests per second from the warm-up to "
+                    "the last arrival) would be over no time at all; give requests that arrive over some time",
                 )
             ]
         )

@@ -1003,6 +1003,11 @@ CALIBRATE_CASES = [
         fragment="no-such-profile: calibration profile file not found",
     ),
     CalibrateCase(
+        "check-requests-huge",  # drew 10^8 requests' lengths and times before sending any: minutes, gigabytes
+        ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "100000000"),
+        fragment="Invalid value for '--requests'",
+    ),
+    CalibrateCase(
         "check-negative-rate",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--rate", "-1"),
         fragment="--rate: must be a positive number",

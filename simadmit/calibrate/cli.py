@@ -219,7 +219,12 @@ def check_command(
     model: Annotated[
         str | None, typer.Option(help="served model name (default: the profile's model)")
     ] = None,
-    requests: Annotated[int, typer.Option(min=1, help="requests in the replayed load")] = 40,
+    requests: Annotated[
+        int,
+        typer.Option(
+            min=1, max=100_000, help="requests in the replayed load (a short load: at most 100,000)"
+        ),
+    ] = 40,
     rate: Annotated[
         float | None, typer.Option(help="arrivals per second (default: about two in flight)")
     ] = None,

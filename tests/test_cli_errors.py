@@ -1513,6 +1513,29 @@ COMMAND_CASES = [
         ),
         fragment="ok.yaml: gateway.http.tokenizer: {in}/no.json: file not found",
     ),
+    *(  # both were "file not found"
+        CommandCase(
+            f"gateway-tokenizer-{what}",
+            (
+                "gateway",
+                "--backend",
+                "{refused}",
+                "--scenario",
+                "{in}/ok.yaml",
+                "--set",
+                f"gateway.http.tokenizer={path}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{busy}",
+            ),
+            fragment=f"ok.yaml: gateway.http.tokenizer: {shown}: {why}",
+        )  # fmt: skip
+        for what, path, shown, why in (
+            ("a-folder", "folder", "{in}/folder", "is a folder"),
+            ("a-device", "/dev/null", "/dev/null", "is not a regular file (a device, pipe or socket)"),
+        )
+    ),
     CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),

@@ -1372,6 +1372,16 @@ COMMAND_CASES = [
         fragment="{sim}: holds a simulate run: give --out a folder of its own",
     ),
     CommandCase(
+        "simulate-out-is-a-link",  # the link was swapped for a new folder, a stale `.previous` link left beside it
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/link-to-sim"),
+        fragment="link-to-sim: is a link to {sim} (the folder is replaced whole, the link with it): give --out",
+    ),
+    CommandCase(
+        "simulate-out-is-a-dangling-link",  # "could not write the outputs (Not a directory)"
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/dangling"),
+        fragment="dangling: is a link to {in}/nowhere (it points nowhere): give --out the folder itself",
+    ),
+    CommandCase(
         "simulate-out-is-a-replay-run",
         ("simulate", "{in}/ok.yaml", "--out", "{in}/replayed"),
         fragment="replayed: holds a replay run: give --out a folder of its own",  # its measurements replaced
@@ -1626,6 +1636,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "simulate", str(root / "ok.yaml"), "--out", str(root / name), "--set", f"workload.rate_rps={rate}"
         )
         assert ran.returncode == 0, ran.stderr
+    (root / "link-to-sim").symlink_to(root / "sim")
+    (root / "dangling").symlink_to(root / "nowhere")
     (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
     (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())
     (root / "replayed" / "replay.json").write_text("{}")

@@ -54,6 +54,12 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
     holding another command's run is refused either way, so runs are never mixed nor replaced by another
     kind (a run of `command` itself is replaced, or resumed).
     """
+    if out.is_symlink() and (replace or not out.exists()):  # swapped in place of the link, or nowhere
+        target = os.readlink(out)
+        why = "it points nowhere" if not out.exists() else "the folder is replaced whole, the link with it"
+        raise InputError(
+            [problem(out, None, f"is a link to {target} ({why}): give --out the folder itself, or a new one")]
+        )
     if out.exists() and not out.is_dir():
         raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
     held = held_run(out)

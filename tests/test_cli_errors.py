@@ -417,6 +417,12 @@ SIM_CASES = [
         fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
     ),
     Case(
+        "profile-gpus-huge",  # every GPU-second and paid GPU figure multiplied by 10^15, silently
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(gpus_per_replica=10**15)},
+        fragment="p.yaml: gpus_per_replica: Input should be less than or equal to 1024",
+    ),
+    Case(
         "profile-huge-kv-block",  # allocated per block phase: 53 s and gigabytes for 39 requests
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(kv_block_size=10**9)},

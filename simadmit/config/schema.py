@@ -23,6 +23,7 @@ from simadmit.config.defaults import (
 )
 from simadmit.config.overrides import element_name
 from simadmit.config.workload_schema import (
+    MAX_GPUS_PER_REPLICA,
     MAX_SECONDS,
     DistSpec,
     EmpiricalSpec,
@@ -142,7 +143,9 @@ class PoolSpec(Spec):
         min_length=1, description="profile file (relative to the scenario) or a bundled profile name"
     )
     replicas: int = Field(gt=0, le=MAX_REPLICAS)
-    gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
+    gpus_per_replica: int | None = Field(
+        default=None, gt=0, le=MAX_GPUS_PER_REPLICA, description="defaults to the profile's"
+    )
     engine: EngineSpec = ContinuousEngineSpec()
     tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
     autoscaler: AutoscalerSpec | None = None

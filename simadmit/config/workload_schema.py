@@ -89,6 +89,7 @@ def _flag_booleans(annotation: object, value: object) -> object:
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
 MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
+MAX_GPUS_PER_REPLICA = 1024  # a pool's or a profile's: a larger replica is a typo
 MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
 MAX_SHARE = 1e12  # tier shares are normalised: a larger one is a typo (and their sum could overflow)
 MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows

@@ -458,6 +458,11 @@ SIM_CASES = [
     Case("negative-seed-option", args=("--seed", "-1"), fragment="--seed: must be a whole number from 0"),
     Case("negative-seed-field", _set("workload.seed", -3), fragment="workload.seed"),
     Case(
+        "seed-at-the-top-with-replications",  # "must be a whole number from 0 to 2^63 - 1, got 2^63 - 1"
+        args=("--seed", str(2**63 - 1), "--replications", "2"),
+        fragment="--seed: 9223372036854775807: replication r runs seed + r, so with 2 replications the seed must",
+    ),
+    Case(
         "set-not-yaml",
         args=("--set", "workload.rate_rps=[1, 2"),
         fragment="--set: workload.rate_rps=[1, 2: not valid YAML",

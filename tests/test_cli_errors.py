@@ -810,6 +810,32 @@ SIM_CASES = [
         fragment="scenario.yaml: variants.0.set: a variant cannot set variants",
     ),
     Case(
+        "pool-tiers-empty",  # a pool listing no tier served them all
+        _set("pools.0.tiers", []),
+        fragment="pools.0.tiers: List should have at least 1 item",
+    ),
+    Case(
+        "pool-lists-a-tier-twice",  # "tier 'interactive' is already served by pool 'p' (pools.0)": itself
+        _set("pools.0.tiers", ["interactive", "interactive"]),
+        fragment="scenario.yaml: pools.0.tiers: tier 'interactive' is listed twice",
+        absent="already served",
+    ),
+    Case(
+        "engine-kind-unknown",  # "Input tag 'magic' found using _engine_kind() does not match ..."
+        _set("pools.0.engine", {"kind": "magic"}),
+        fragment="pools.0.engine: kind must be 'continuous' (the default) or 'classical'",
+    ),
+    Case(
+        "policy-without-kind",  # "policies.0: Unable to extract tag using discriminator 'kind'"
+        _set("policies.0", {"max_queued": 3}),
+        fragment="scenario.yaml: policies.0.kind: required field is missing",
+    ),
+    Case(
+        "policy-not-a-mapping",  # "Input should be a valid dictionary or object to extract fields from"
+        _set("policies.0", "unconditional"),
+        fragment="policies.0: Input should be a mapping of fields, not str",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

@@ -61,8 +61,10 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        elif e["type"] == "model_type":  # pydantic names the model class: no word of the file's
+        elif e["type"] in ("model_type", "model_attributes_type"):  # pydantic's words, not the file's
             msg = f"Input should be a mapping of fields, not {type(e['input']).__name__}"
+        elif e["type"] == "union_tag_not_found":  # a policy without its kind
+            field, msg = f"{field}.kind", "required field is missing"
         elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
             msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))

@@ -98,7 +98,11 @@ def _engine_kind(value: object) -> str:
 
 EngineSpec = Annotated[
     Annotated[ContinuousEngineSpec, Tag("continuous")] | Annotated[ClassicalEngineSpec, Tag("classical")],
-    Discriminator(_engine_kind),
+    Discriminator(
+        _engine_kind,
+        custom_error_type="engine_kind",
+        custom_error_message="kind must be 'continuous' (the default) or 'classical'",
+    ),
 ]
 
 
@@ -147,7 +151,9 @@ class PoolSpec(Spec):
         default=None, gt=0, le=MAX_GPUS_PER_REPLICA, description="defaults to the profile's"
     )
     engine: EngineSpec = ContinuousEngineSpec()
-    tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
+    tiers: list[str] | None = Field(
+        default=None, min_length=1, description="tiers this pool serves (default, left out: all)"
+    )
     autoscaler: AutoscalerSpec | None = None
 
 
@@ -510,7 +516,9 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
                     )
     owner: dict[str, int] = {}
     for i, pool in enumerate(spec.pools):
-        for tier in pool.tiers or tiers:
+        for tier in dict.fromkeys(pool.tiers or tiers):
+            if (pool.tiers or []).count(tier) > 1:
+                out.append((f"pools.{i}.tiers", f"tier {tier!r} is listed twice"))
             if tier in owner:
                 first = spec.pools[owner[tier]].name
                 out.append(

@@ -29,6 +29,7 @@ import yaml
 
 from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
+from simadmit.serve.inbound import COMPLETIONS, ClientError, parse_body
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1753,3 +1754,19 @@ def test_command_line_mistakes_are_one_line(args: tuple[str, ...]) -> None:
     assert "Traceback" not in result.stderr and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--help)" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "a number too long"),
+    ],
+    ids=["nested-too-deeply", "number-of-5000-digits"],
+)
+def test_gateway_request_body_the_json_reader_refuses_is_a_400(raw: bytes, why: str) -> None:
+    """A body Python's JSON reader cannot take is the client's 400, as any other malformed body (these were
+    a RecursionError and a ValueError: a 500 and a traceback in the gateway's log)."""
+    with pytest.raises(ClientError) as err:
+        parse_body(raw, COMPLETIONS, 16)
+    assert err.value.status == 400 and str(err.value) == f"request body is not valid JSON: {why}"

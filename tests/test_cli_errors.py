@@ -1168,6 +1168,31 @@ COMMAND_CASES = [
             ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
         )
     ),
+    *(  # each started 100,000 worker processes
+        CommandCase(
+            f"{args[0]}-jobs-huge",
+            (*args, "--jobs", "100000", "--out", "{tmp}/o"),
+            fragment="--jobs: 100000 worker processes on this machine's",
+        )
+        for args in (
+            ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2"),
+            ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s"),
+        )
+    ),
+    CommandCase(
+        "optimize-rounds-huge",  # 1.8e9 simulations, started one by one
+        (
+            "optimize",
+            "{in}/queue-depth.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--rounds",
+            "100000000",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--rounds, --candidates, --fresh-seeds: 100000000, 5, 2: up to 1,800,000,012 simulations",
+    ),  # fmt: skip
     CommandCase(
         "optimize-search-to-infinity",  # a traceback (an infinite integer bound)
         (
@@ -1654,6 +1679,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "queue-depth.yaml").write_text(
+        yaml.safe_dump({**doc, "policies": [{"kind": "queue_depth", "max_queued": 4}]}, sort_keys=False)
+    )
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(

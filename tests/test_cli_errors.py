@@ -1653,9 +1653,14 @@ COMMAND_CASES = [
         fragment="--label: must not be empty",
     ),
     CommandCase(
+        "plot-an-optimize-folder",  # "no sweep.parquet, ... to plot", while a replay's line said plot drew it
+        ("plot", "{in}/optimized"),
+        fragment="optimized: holds an optimize run: plot draws simulate and sweep folders (optimize.csv holds",
+    ),
+    CommandCase(
         "plot-a-replay-folder",  # "incomplete folder: ... run the command that writes it again"
         ("plot", "{in}/replayed"),
-        fragment="replayed: holds a replay run: plot draws simulate, sweep and optimize folders",
+        fragment="replayed: holds a replay run: plot draws simulate and sweep folders",
     ),
     *(
         CommandCase(
@@ -1707,6 +1712,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
     (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())
     (root / "replayed" / "replay.json").write_text("{}")
+    (root / "optimized").mkdir()
+    (root / "optimized" / "manifest.json").write_text(
+        '{"command": "optimize", "partial": false, "files": {}}'
+    )
     (root / "swept").mkdir()
     (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
     (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")

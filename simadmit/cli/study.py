@@ -26,7 +26,7 @@ from simadmit.config.loading import load_scenario, scenario_from_dict
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
-from simadmit.results.run_folder import check_destination, read_manifest
+from simadmit.results.run_folder import check_destination, held_run, read_manifest
 from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
@@ -392,6 +392,10 @@ def plot(
     except InputError as e:
         fail(e.problems)
         return
+    held = held_run(directory)
+    if not written and held in ("optimize", "compare"):  # their own tables are what they show
+        fail([f"{directory}: holds {'an' if held == 'optimize' else 'a'} {held} run: plot draws simulate and sweep "
+              f"folders ({held}.csv holds its results)"])  # fmt: skip
     if not written:
         fail([f"{directory}: no sweep.parquet, requests.parquet or timeseries.parquet to plot"])
         return

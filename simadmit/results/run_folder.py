@@ -150,8 +150,8 @@ def read_manifest(directory: Path) -> dict[str, object]:
     """The manifest of a complete folder; `InputError` when it is missing or its files do not match."""
     path = directory / MANIFEST
     if not path.is_file() and (directory / "replay.json").is_file():  # complete, but never has one
-        raise InputError([problem(directory, None, "holds a replay run: plot draws simulate, sweep and optimize "
-                                  "folders; `simadmit compare SIM_DIR REPLAY_DIR --out DIR` draws a replay")])  # fmt: skip
+        raise InputError([problem(directory, None, "holds a replay run: plot draws simulate and sweep folders; "
+                                  "`simadmit compare SIM_DIR REPLAY_DIR --out DIR` draws a replay")])  # fmt: skip
     if not path.is_file():
         raise InputError([problem(directory, None, f"incomplete folder: no {MANIFEST} (written last, once every "
                                   "file is complete); run the command that writes it again")])  # fmt: skip

@@ -1434,6 +1434,17 @@ COMMAND_CASES = [
         ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s", "--out", "{sim}"),
         fragment="{sim}: holds a simulate run: give --out a folder of its own",
     ),
+    *(  # a sweep was written into the simulate run; simulate replaced it
+        CommandCase(
+            f"{args[0]}-out-has-a-damaged-manifest",
+            (*args, "--out", "{in}/damaged-manifest"),
+            fragment="damaged-manifest: holds a run whose manifest.json cannot be read: give --out a folder",
+        )
+        for args in (
+            ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2"),
+            ("simulate", "{in}/ok.yaml"),
+        )
+    ),
     CommandCase(
         "simulate-out-is-a-link",  # the link was swapped for a new folder, a stale `.previous` link left beside it
         ("simulate", "{in}/ok.yaml", "--out", "{in}/link-to-sim"),
@@ -1708,6 +1719,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         )
         assert ran.returncode == 0, ran.stderr
     (root / "link-to-sim").symlink_to(root / "sim")
+    (root / "damaged-manifest").mkdir()
+    for table in ("requests.parquet", "timeseries.parquet", "summary.json"):
+        (root / "damaged-manifest" / table).write_bytes((root / "sim" / table).read_bytes())
+    (root / "damaged-manifest" / "manifest.json").write_text("{")
     (root / "dangling").symlink_to(root / "nowhere")
     (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
     (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())

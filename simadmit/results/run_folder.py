@@ -21,22 +21,23 @@ from pathlib import Path
 from simadmit.config.errors import InputError, problem
 
 MANIFEST = "manifest.json"
+DAMAGED = "damaged"  # what `held_run` calls a folder whose manifest cannot be read: a run of unknown kind
 Writer = Callable[[Path], None]  # writes one file at the path it is given
 _OURS = (".parquet", ".csv", ".json", ".yaml", ".png", ".svg")  # what a run folder and `plot` leave
 
 
 def held_run(folder: Path) -> str | None:
     """The command whose run (or report) `folder` holds: its manifest's, else what its files show (a
-    replay, a compare report, a sweep or optimize whose manifest an interrupted update removed); None when
-    it holds none."""
+    replay, a compare report, a sweep or optimize whose manifest an interrupted update removed); `DAMAGED`
+    when its manifest cannot be read; None when it holds none."""
     if not folder.is_dir():
         return None
     if (folder / MANIFEST).is_file():
         try:
             command = json.loads((folder / MANIFEST).read_text()).get("command")
         except (OSError, ValueError, AttributeError):
-            command = None  # a damaged manifest: the readers refuse the folder
-        return None if command is None else str(command)
+            command = None
+        return DAMAGED if command is None else str(command)  # a damaged run is never written over
     signs = {
         "replay": ("replay.json", "requests.parquet", "repeat-*/requests.parquet"),
         "compare": ("compare.json",),
@@ -63,6 +64,14 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
     if out.exists() and not out.is_dir():
         raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
     held = held_run(out)
+    if held == DAMAGED:
+        raise InputError(
+            [
+                problem(
+                    out, None, f"holds a run whose {MANIFEST} cannot be read: give --out a folder of its own"
+                )
+            ]
+        )
     if held is not None and held != command:
         raise InputError([problem(out, None, f"holds a {held} run: give --out a folder of its own")])
     if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):

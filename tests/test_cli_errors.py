@@ -837,6 +837,33 @@ SIM_CASES = [
         fragment="policies.0: Input should be a mapping of fields, not str",
     ),
     Case(
+        "polls-beyond-count",  # hung: 10^10 polls of a day-long run
+        _both(
+            _set("workload.duration_s", 100_000),
+            _set("workload.rate_rps", 0.001),
+            _set("gateway", {"poll_interval_s": 0.001, "replicas": 100}),
+        ),
+        fragment="gateway.poll_interval_s: 0.001 s: 100 gateway replicas polling until the last arrival",
+    ),
+    Case(
+        "autoscaler-syncs-beyond-count",  # hung: 10^9 syncs
+        _both(
+            _set("workload.duration_s", 1_000_000),
+            _set("workload.rate_rps", 0.0001),
+            _set(
+                "pools.0.autoscaler",
+                {
+                    "metric": "queue_wait",
+                    "target": 1,
+                    "min_replicas": 1,
+                    "max_replicas": 2,
+                    "sync_period_s": 0.001,
+                },
+            ),
+        ),
+        fragment="pools.0.autoscaler.sync_period_s: 0.001 s until the last arrival",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

@@ -1653,6 +1653,11 @@ COMMAND_CASES = [
         fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
     ),
     CommandCase(
+        "calibrate-out-is-a-dangling-link",  # measured in full, then "cannot write it" at the end
+        ("calibrate", "--endpoint", "{refused}", "--out", "{in}/dangling"),
+        fragment="dangling: is a link to {in}/nowhere, which points nowhere: give --out a new file",
+    ),
+    CommandCase(
         "calibrate-budget-huge",
         ("calibrate", "--endpoint", "{refused}", "--out", "{tmp}/p.yaml", "--budget", "99999h"),
         fragment="error: --budget: '99999h': at most a week",

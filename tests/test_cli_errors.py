@@ -864,6 +864,12 @@ SIM_CASES = [
         fragment="pools.0.autoscaler.sync_period_s: 0.001 s until the last arrival",
     ),
     Case(
+        "set-whole-number-in-e-notation",  # "Input should be a valid integer, unable to parse string as an integer"
+        args=("--set", "pools.0.replicas=1e3"),
+        fragment="pools.0.replicas: '1e3' is text to YAML (a number needs a dot and a signed exponent, 1.0e+3): "
+        "write 1000",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

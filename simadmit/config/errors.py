@@ -5,6 +5,7 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 from pathlib import Path
 
@@ -65,10 +66,21 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = f"Input should be a mapping of fields, not {type(e['input']).__name__}"
         elif e["type"] == "union_tag_not_found":  # a policy without its kind
             field, msg = f"{field}.kind", "required field is missing"
+        elif e["type"] == "int_parsing" and (whole := _whole_number_text(e.get("input"))) is not None:
+            msg = f"{e['input']!r} is text to YAML (a number needs a dot and a signed exponent, 1.0e+3): write {whole}"
         elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
             msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))
     return lines
+
+
+def _whole_number_text(value: object) -> int | None:
+    """The whole number a text such as '1e3' writes, which YAML 1.1 reads as text, not a number."""
+    try:
+        number = float(value) if isinstance(value, str) else math.nan
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -870,6 +870,18 @@ SIM_CASES = [
         "write 1000",
     ),
     Case(
+        "sixty-five-pools",  # simulated, then a traceback writing the tables (np.choose takes 64 arrays)
+        _both(
+            _set("workload.tiers", [{**TIER, "name": f"t{i}"} for i in range(65)]),
+            _set(
+                "pools",
+                [{"name": f"p{i}", "profile": PROFILE, "replicas": 1, "tiers": [f"t{i}"]} for i in range(65)],
+            ),
+        ),
+        code=0,
+        fragment="simulated requests",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

@@ -882,6 +882,18 @@ SIM_CASES = [
         fragment="simulated requests",
     ),
     Case(
+        "trace-dates-centuries-apart",  # ran: 585 years wrapped around int64 nanoseconds to 0.71 s
+        _trace_workload(),
+        files={"trace.csv": AZURE_HEADER + "1677-09-21 00:12:43,374,44\n2262-04-11 23:47:16,396,109\n"},
+        fragment="trace.csv: its requests span 1.84e+10 s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-columns-of-another-format",  # the mapping was silently ignored
+        _trace_workload(columns=MAPPED),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

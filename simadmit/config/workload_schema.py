@@ -230,6 +230,8 @@ class TraceFileSpec(Spec):
     def _columns(self) -> TraceFileSpec:
         if self.format == "mapped" and self.columns is None:
             raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
+        if self.format != "mapped" and self.columns is not None:  # they would be ignored
+            raise ValueError(f"columns apply to format: mapped (format {self.format} reads its own columns)")
         if self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})")
         return self

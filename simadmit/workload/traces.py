@@ -36,7 +36,7 @@ from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
 MAX_LISTED = 10  # malformed rows listed one per line; the rest are counted
-_UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+_UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}  # ticks per second
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,16 +323,20 @@ def _numbers(values: list[object]) -> np.ndarray:
 def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times as seconds relative to the earliest valid one, and which rows are valid.
 
-    Differences are taken in the file's own unit (integer nanoseconds for date-times) before converting
-    to seconds, so e.g. 1500 ms after the first request is exactly 1.5 s.
+    Differences are taken in the file's own unit (integer ticks for date-times) before converting
+    to seconds, so e.g. 1500 ms after the first request is exactly 1.5 s. Rows that are not valid get
+    meaningless times (`ok` is False for them).
     """
     series = pd.Series([None if v is _MISSING else v for v in values], dtype=object)
     if unit == "datetime":
         stamps = pd.to_datetime(series, format="ISO8601", errors="coerce", utc=True)
         ok = stamps.notna().to_numpy()
-        ns = stamps.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64)
-        t0 = ns[ok].min() if ok.any() else 0
-        return (ns - t0) / 1e9, ok
+        naive = stamps.dt.tz_convert(None).to_numpy()  # in the unit pandas parsed at: ns or us
+        ticks = naive.view(np.int64)  # never cast to ns: a date beyond 1677-2262 would wrap silently
+        t0 = ticks[ok].min() if ok.any() else 0
+        per_s = _UNIT_SECONDS[np.datetime_data(naive.dtype)[0]]
+        # in unsigned arithmetic: stamps centuries apart differ by more than int64 holds
+        return (ticks.view(np.uint64) - np.int64(t0).view(np.uint64)) / per_s, ok
     num = _numbers(values)
     ok = np.isfinite(num)
     t0 = num[ok].min() if ok.any() else 0.0

@@ -894,6 +894,16 @@ SIM_CASES = [
         fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
     ),
     Case(
+        "set-value-its-tag-refuses",  # a traceback
+        args=("--set", "name=!!bool x"),
+        fragment="--set: name=!!bool x: not valid YAML ('x' is not a !!bool)",
+    ),
+    Case(
+        "set-mapping-with-a-key-twice",  # the last silently won, as a scenario file refuses
+        args=("--set", "workload.arrival={kind: gamma, kind: poisson}"),
+        fragment="not valid YAML (key 'kind' given twice)",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},
@@ -1171,6 +1181,11 @@ COMMAND_CASES = [
         "simulate-device-as-scenario",  # "scenario file not found"
         ("simulate", "/dev/null"),
         fragment="/dev/null: scenario file is not a regular file (a device, pipe or socket)",
+    ),
+    CommandCase(
+        "simulate-value-its-tag-refuses",  # a ValueError traceback from PyYAML's !!int constructor
+        ("simulate", "{in}/bad-tag.yaml"),
+        fragment="bad-tag.yaml: line 1: not valid YAML ('tiny' is not a !!int)",
     ),
     CommandCase(
         "simulate-nested-too-deeply",  # a RecursionError from the YAML parser
@@ -1760,6 +1775,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "queue-depth.yaml").write_text(
         yaml.safe_dump({**doc, "policies": [{"kind": "queue_depth", "max_queued": 4}]}, sort_keys=False)
     )
+    (root / "bad-tag.yaml").write_text(text.replace("name: tiny", "name: !!int tiny"))
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(

@@ -84,7 +84,18 @@ def _whole_number_text(value: object) -> int | None:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+    """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently),
+    and a value its explicit tag cannot take (`!!int tiny`) as a YAML error at its line, where PyYAML's
+    constructors raise a bare ValueError, KeyError or AttributeError."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is not a !!{tag}", node.start_mark
+            ) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
@@ -102,6 +113,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def load_yaml_text(text: str) -> object:
+    """YAML text read as `read_yaml` reads a file (a key given twice, a value its tag cannot take: a
+    `yaml.YAMLError`); a `--set` value, a `--param` value."""
+    return yaml.load(text, _UniqueKeyLoader)
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
@@ -113,7 +130,7 @@ def read_yaml(path: str | Path, what: str) -> object:
         )
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
-        return yaml.load(text, _UniqueKeyLoader)  # a SafeLoader refusing a key given twice
+        return load_yaml_text(text)
     except UnicodeDecodeError as e:
         raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
     except OSError as e:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from simadmit.config.errors import TOO_DEEP, InputError, problem
+from simadmit.config.errors import TOO_DEEP, InputError, load_yaml_text, problem
 
 
 def parse_assignments(values: Iterable[str]) -> dict[str, object]:
@@ -31,7 +31,7 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
             bad.append(problem("--set", item, f"{key.strip()} is set twice: give each path once"))
             continue
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = load_yaml_text(raw)
         except yaml.YAMLError as e:
             bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
         except RecursionError:

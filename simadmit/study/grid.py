@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import simadmit
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, load_yaml_text, problem
 from simadmit.config.loading import load_scenario, scenario_from_dict, trace_refs
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
@@ -153,9 +153,9 @@ def parse_param(text: str) -> Param:
         return Param(path, tuple(values))
     try:
         parsed = (
-            yaml.safe_load(raw)
+            load_yaml_text(raw)
             if raw.lstrip().startswith("[")
-            else [yaml.safe_load(v) for v in raw.split(",")]
+            else [load_yaml_text(v) for v in raw.split(",")]
         )
     except (yaml.YAMLError, RecursionError):  # a RecursionError: nested too deeply
         raise InputError([problem("--param", text, "values are not valid YAML")]) from None

@@ -359,7 +359,9 @@ def main() -> None:
     ap.add_argument("--loads", default="0.3,0.6,0.9,1.2,1.5", help="fractions of the measured capacity")
     ap.add_argument("--arrivals", default="poisson,bursty", help=f"of {', '.join(ARRIVALS)}")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run (at least)")
+    ap.add_argument("--min-requests", type=int, default=20,
+                    help="a point's runs last long enough for this many requests at its rate")  # fmt: skip
     ap.add_argument("--calibrate-budget", default="3m")
     ap.add_argument("--endpoint", help="use this running server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
@@ -390,7 +392,8 @@ def main() -> None:
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
         points = [
-            (arrival, load, prepare_point(profile, load * cap, arrival, args.duration, args.out / f"{arrival}-{load:g}", args.seed, tiers))
+            (arrival, load, prepare_point(profile, load * cap, arrival, point_duration(load * cap, args.duration, args.min_requests),
+                                          args.out / f"{arrival}-{load:g}", args.seed, tiers))
             for arrival in args.arrivals.split(",")
             for load in (float(x) for x in args.loads.split(","))
         ]  # fmt: skip
@@ -411,17 +414,24 @@ def main() -> None:
         for arrival, load, point in points:
             table = finish_point(point, args.repeats)
             n = len(pd.read_parquet(point.out / "sim" / "requests.parquet"))
-            rows.append(row(arrival, load, n / args.duration, table, n, probes[point.out]))
+            duration = point_duration(load * cap, args.duration, args.min_requests)
+            rows.append(row(arrival, load, n / duration, table, n, probes[point.out]))
     load_after = os.getloadavg()
     results = pd.DataFrame(rows)
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {placement}; capacity {cap:.2f} req/s; {args.repeats} "
-              f"repeats of {args.duration:.0f} s; probe: a lone request's time before each replay of the point over its time "
+              f"repeats of {args.duration:.0f} s or as long as {args.min_requests} requests take at the point's rate; probe: a lone request's time before each replay of the point over its time "
               f"after calibrating (range over the rounds); cells: sim / real mean (real range) error")  # fmt: skip
     text = header + "\n\n" + markdown(results) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")
     print(text)
+
+
+def point_duration(rate: float, duration_s: float, min_requests: int) -> float:
+    """Seconds of arrivals for a point at `rate`: `duration_s`, or longer where that would draw fewer than
+    `min_requests` on average (a light load's point of a few requests judges nothing)."""
+    return max(duration_s, min_requests / rate)
 
 
 def workload_tiers(path: Path) -> tuple[dict, ...]:

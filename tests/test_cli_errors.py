@@ -203,6 +203,20 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: timestamp True is not a finite number",
     ),
     Case(
+        "trace-jsonl-nan-timestamp",  # said "timestamp is missing": JSON's NaN read as a Parquet null
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": NaN, "input_length": 50, "output_length": 5}\n'},
+        fragment="trace.jsonl: line 2: timestamp NaN is not a finite number",
+    ),
+    Case(
+        "trace-jsonl-infinite-length",
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={
+            "trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": Infinity, "output_length": 5}\n'
+        },
+        fragment="trace.jsonl: line 2: input_length Infinity is not a whole number >= 1",
+    ),
+    Case(
         "trace-jsonl-true-as-a-length",
         _trace_workload("trace.jsonl", "mooncake"),
         files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": true, "output_length": 5}\n'},
@@ -709,7 +723,7 @@ SIM_CASES = [
         args=("--set", "workload.rate_rps=" + "[" * 100_000),
         fragment="[[[: not valid YAML (nested too deeply)",
     ),
-    *(  # the first two were tracebacks (RecursionError, ValueError); NaN read as a missing value
+    *(  # each was a traceback (RecursionError, ValueError)
         Case(
             f"trace-jsonl-{what}",
             _trace_workload("trace.jsonl", "mooncake"),
@@ -719,7 +733,6 @@ SIM_CASES = [
         for what, line, reason in (
             ("nested-too-deeply", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
             ("number-of-5000-digits", '{"timestamp": ' + "9" * 5000 + "}", "a number too long"),
-            ("nan", '{"timestamp": NaN, "input_length": 50, "output_length": 5}', "NaN is not a JSON value"),
         )
     ),
     Case(
@@ -1832,6 +1845,22 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
     assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs))
+
+
+def test_a_link_leading_nowhere_is_named_as_such(tmp_path: Path) -> None:
+    """A scenario that is a loop of links, and a trace that is a link to a deleted file, are one line
+    each saying so (a bare "not found" sends the user looking for a file that is there, as a link)."""
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    result = simadmit("simulate", str(tmp_path / "loop.yaml"), "--out", str(tmp_path / "o1"))
+    assert_outcome(
+        result, 2, "loop.yaml: scenario file not found: a link to a missing file or a loop of links"
+    )
+    (tmp_path / "trace.csv").symlink_to(tmp_path / "deleted.csv")
+    doc = copy.deepcopy(BASE)
+    _trace_workload("trace.csv")(doc)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    result = simadmit("simulate", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o2"))
+    assert_outcome(result, 2, "trace 'trace.csv' not found: a link to a missing file or a loop of links")
 
 
 def test_input_error_crosses_process_boundaries_whole() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.fidelity import TIERS, scenario, workload_tiers
+from benchmarks.fidelity import TIERS, point_duration, scenario, workload_tiers
 from benchmarks.gateway_fidelity import POLICIES as GATEWAY_POLICIES
 from benchmarks.gateway_fidelity import prepare_point
 from simadmit.config.loading import scenario_from_dict
@@ -66,3 +66,17 @@ def test_the_gateway_benchmark_sends_a_workloads_tiers_under_each_policy(tmp_pat
         assert point.spec.gateway.replicas == 2
         # 2 requests/s for 30 s: 60 expected, a Poisson count whose standard error is ~8
         assert 30 <= len(point.plan.workload) <= 95
+
+
+def test_a_light_point_runs_long_enough_for_its_requests() -> None:
+    """At 30% of a slow server's capacity (0.18 requests/s) 40 s of arrivals drew 1-3 requests, which judge
+    nothing: the point is stretched to `min_requests` expected arrivals, while a busy point keeps the given
+    duration. Over 6 seeds of a Poisson stream with mean 20 the mean count has standard error
+    sqrt(20 / 6) = 1.8, so above 14 is over 3 of them (40 s would give 7.2)."""
+    assert point_duration(1.0, 40.0, 20) == 40.0
+    duration = point_duration(0.18, 40.0, 20)
+    counts = [
+        len(generate(scenario_from_dict(scenario(Path("smollm2-135m-cpu"), 0.18, "poisson", duration, seed), ROOT / "x.yaml").workload).arrival)
+        for seed in range(1, 7)
+    ]  # fmt: skip
+    assert sum(counts) / len(counts) > 14, counts

@@ -8,13 +8,17 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from simadmit.results.run_folder import read_manifest
+from simadmit.study.backends import _between_waits
 from tests.console import command, env
 from tests.fake_openai import fake_server
 from tests.test_loadgen import scenario_doc
@@ -193,3 +197,19 @@ def test_optimize_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     fresh = simulations(subprocess.run([*command(), *args(tmp_path / "fresh")], capture_output=True, text=True,
                                        env=env(), timeout=300, check=False))  # fmt: skip
     assert resumed == fresh - saved
+
+
+def test_ctrl_c_while_a_pool_is_awaited_is_an_interrupt_and_the_handler_comes_back() -> None:
+    """Ctrl-C landing while the parent waits on its workers' results raises KeyboardInterrupt from the
+    waiting loop (a signal inside the pool's lock code broke the lock: "release unlocked lock", a
+    traceback and exit code 1), and Python's own Ctrl-C handler is back once the loop is left."""
+    original = signal.getsignal(signal.SIGINT)
+    with ThreadPool(1) as pool:
+        results = pool.imap_unordered(time.sleep, [30.0])
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            list(_between_waits(results))
+        assert time.monotonic() - started < 5
+        assert signal.getsignal(signal.SIGINT) is original
+        pool.terminate()

@@ -119,15 +119,23 @@ def load_yaml_text(text: str) -> object:
     return yaml.load(text, _UniqueKeyLoader)
 
 
+def not_found(path: Path, what: str) -> str:
+    """Why nothing is read at `path`: nothing there, a link leading nowhere (its target gone, or a loop), or
+    something that is no regular file (a device, a pipe)."""
+    if path.exists() and not path.is_dir():
+        return f"{what} {SPECIAL}"
+    if path.is_symlink():
+        return f"{what} not found: a link to a missing file or a loop of links"
+    return f"{what} not found"
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
     if path.is_dir():
         raise InputError([problem(path, None, f"is a folder, not a {what} file")])
     if not path.is_file():
-        raise InputError(
-            [problem(path, None, f"{what} file {'not found' if not path.exists() else SPECIAL}")]
-        )
+        raise InputError([problem(path, None, not_found(path, f"{what} file"))])
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
         return load_yaml_text(text)

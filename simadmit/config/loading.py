@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from simadmit.config.errors import SPECIAL, InputError, problem, pydantic_problems, read_mapping
+from simadmit.config.errors import InputError, not_found, problem, pydantic_problems, read_mapping
 from simadmit.config.overrides import apply_overrides
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
@@ -92,7 +92,7 @@ def _not_found(what: str, ref: str, base: Path) -> str:
     path = Path(ref) if Path(ref).is_absolute() else base / ref
     if path.is_dir():
         return f"{what} {ref!r} is a folder, not a {what} file"
-    return f"{what} {ref!r} {SPECIAL}" if path.exists() else f"{what} {ref!r} not found"
+    return not_found(path, f"{what} {ref!r}")
 
 
 def _validate(data: object, source: str | Path | None) -> ScenarioSpec:

@@ -13,6 +13,7 @@ import functools
 import multiprocessing
 import multiprocessing.pool
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -58,7 +59,9 @@ class WorkerPool:
             )  # workers fork with the simulator imported
             self.pool = context.Pool(jobs, initializer=_ignore_interrupts)
         try:
-            yield from self.pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
+            yield from _between_waits(
+                self.pool.imap_unordered(functools.partial(_indexed, fn), enumerate(args))
+            )
         except BaseException:  # Ctrl-C, an error, or the caller gave up: stop the work in flight
             self.close()
             raise
@@ -74,6 +77,30 @@ class WorkerPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _between_waits(results: multiprocessing.pool.IMapIterator) -> Iterator[tuple[int, dict]]:
+    """The pool's results, with Ctrl-C raised here, between two waits, rather than inside one.
+
+    A KeyboardInterrupt that lands while the pool's condition variable releases its lock leaves the lock
+    broken, and Python then raises "release unlocked lock" instead: a traceback, not an interrupt. So while
+    results are awaited Ctrl-C only sets a flag, and the wait looks at it every tenth of a second.
+    """
+    stop = threading.Event()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set()) if in_main else None
+    try:
+        while not stop.is_set():
+            try:
+                yield results.next(timeout=0.1)
+            except multiprocessing.TimeoutError:
+                continue
+            except StopIteration:
+                return
+        raise KeyboardInterrupt
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _indexed(fn: Callable[..., dict], item: tuple[int, tuple]) -> tuple[int, dict]:

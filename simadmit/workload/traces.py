@@ -31,7 +31,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import SPECIAL, TOO_DEEP, InputError, problem
+from simadmit.config.errors import TOO_DEEP, InputError, not_found, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -140,7 +140,7 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
 def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[str]]:
     """Raw values of the named columns, and for each row its place in the file ('line N' or 'row N')."""
     if not path.is_file():
-        raise InputError([problem(path, None, "trace file " + (SPECIAL if path.exists() else "not found"))])
+        raise InputError([problem(path, None, not_found(path, "trace file"))])
     kind = TRACE_SUFFIXES.get(path.suffix if path.suffix != ".gz" else Path(path.stem).suffix)
     if kind is None:
         raise InputError(
@@ -212,11 +212,11 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+            obj = json.loads(text, parse_constant=_JSONConstant, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             yield line, [_NotJSON(e.msg)] * len(names)
             continue
-        except ValueError as e:  # NaN or Infinity, a key given twice; an integer of thousands of digits
+        except ValueError as e:  # a key given twice; an integer of thousands of digits
             yield line, [_NotJSON(str(e) if isinstance(e, _Refused) else "a number too long")] * len(names)
             continue
         except RecursionError:
@@ -229,12 +229,7 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
 
 
 class _Refused(ValueError):
-    """What Python's JSON reader takes and a trace line must not hold: NaN or Infinity (JSON has no such
-    values), a key given twice (the reader keeps the last silently)."""
-
-
-def _no_constant(name: str) -> object:
-    raise _Refused(f"{name} is not a JSON value")
+    """A key given twice in a JSON line: Python's reader would keep the last silently."""
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -260,6 +255,16 @@ class _NotJSON:
 
     def __str__(self) -> str:
         return f"not valid JSON ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class _JSONConstant:
+    """NaN or Infinity written in a JSON line: no number, and not a missing value either."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 _MISSING = object()
@@ -316,7 +321,7 @@ def _is_missing(v: object) -> bool:
 
 def _numbers(values: list[object]) -> np.ndarray:
     """The values as floats, NaN where one is no number; JSON's true and false are none (not 1 and 0)."""
-    plain = [math.nan if isinstance(v, bool) or v is _MISSING else v for v in values]
+    plain = [math.nan if isinstance(v, bool | _JSONConstant) or v is _MISSING else v for v in values]
     return pd.to_numeric(pd.Series(plain, dtype=object), errors="coerce").to_numpy(dtype=float)
 
 

@@ -1531,6 +1531,11 @@ COMMAND_CASES = [
         )
     ),
     CommandCase(
+        "compare-out-inside-a-simulate-run",  # written there; simulating that run again was then refused
+        ("compare", "{sim}", "{sim}", "--out", "{sim}/report"),
+        fragment="{sim}/report: is inside {sim}, a simulate run's folder: give --out a folder of its own",
+    ),
+    CommandCase(
         "simulate-out-is-a-link",  # the link was swapped for a new folder, a stale `.previous` link left beside it
         ("simulate", "{in}/ok.yaml", "--out", "{in}/link-to-sim"),
         fragment="link-to-sim: is a link to {sim} (the folder is replaced whole, the link with it): give --out",

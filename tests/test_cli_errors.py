@@ -1531,6 +1531,11 @@ COMMAND_CASES = [
         )
     ),
     CommandCase(
+        "compare-real-run-given-twice",  # counted as two real runs
+        ("compare", "{sim}", "{other}", "{other}/"),
+        fragment="{other}: given twice (itself, or through the folder holding its repeats): name each real run",
+    ),
+    CommandCase(
         "compare-out-inside-a-simulate-run",  # written there; simulating that run again was then refused
         ("compare", "{sim}", "{sim}", "--out", "{sim}/report"),
         fragment="{sim}/report: is inside {sim}, a simulate run's folder: give --out a folder of its own",

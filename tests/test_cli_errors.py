@@ -917,6 +917,11 @@ SIM_CASES = [
         fragment="not valid YAML (key 'kind' given twice)",
     ),
     Case(
+        "set-child-then-its-parent",  # the parent, applied after, silently undid the child
+        args=("--set", "workload.rate_rps=2", "--set", "workload={seed: 1}"),
+        fragment="--set: workload: replaces workload.rate_rps, set before it: set workload first",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

@@ -65,6 +65,11 @@ def list_index(items: list[object], key: str) -> int | None:
 def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
     """A copy of `document` with each dotted path set to its value; missing mappings are created."""
     document = copy.deepcopy(document)
+    paths = list(overrides)
+    for n, path in enumerate(paths):  # a.b then a: a, applied after, would silently undo a.b
+        undone = next((p for p in paths[:n] if p.startswith(f"{path}.")), None)
+        if undone is not None:
+            raise InputError([problem("--set", path, f"replaces {undone}, set before it: set {path} first")])
     for dotted, value in overrides.items():
         node: object = document
         keys = dotted.split(".")

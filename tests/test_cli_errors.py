@@ -1179,6 +1179,7 @@ class CommandCase:
     args: tuple[str, ...]
     code: int = 2
     fragment: str = ""
+    absent: str = ""  # must not be printed (a secret)
 
 
 COMMAND_CASES = [
@@ -1393,6 +1394,12 @@ COMMAND_CASES = [
             "{busy}",
         ),
         fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",
+    ),
+    CommandCase(
+        "replay-endpoint-with-a-key",  # the key was printed back in the connection-refused line
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused_with_key}", "--out", "{tmp}/r"),
+        fragment="--endpoint: {refused}: connection refused",
+        absent="sk-secret-2",
     ),
     CommandCase(
         "replay-connection-refused",
@@ -1853,13 +1860,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         yield {
             "in": str(root), "sim": str(root / "sim"), "other": str(root / "other"),
             "refused": f"http://127.0.0.1:{free.getsockname()[1]}", "busy": str(busy.getsockname()[1]),
+            "refused_with_key": f"http://user:sk-secret-2@127.0.0.1:{free.getsockname()[1]}",
         }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
-    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs))
+    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs), case.absent)
 
 
 def test_a_link_leading_nowhere_is_named_as_such(tmp_path: Path) -> None:

@@ -1131,6 +1131,21 @@ CALIBRATE_CASES = [
         fragment="Invalid value for '--requests'",
     ),
     CalibrateCase(
+        "check-rate-tiny",  # hung: each request waited its turn, 10^300 s apart
+        (
+            "calibrate",
+            "check",
+            "smollm2-135m-cpu",
+            "--endpoint",
+            "{url}",
+            "--requests",
+            "3",
+            "--rate",
+            "1e-300",
+        ),
+        fragment="--rate: 1e-300 arrivals per second: the 3 requests would take 1.43e+300 s to send; at most 1e+06 s",
+    ),
+    CalibrateCase(
         "check-negative-rate",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--rate", "-1"),
         fragment="--rate: must be a positive number",

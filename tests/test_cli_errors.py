@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import io
 import json
 import math
 import os
@@ -22,11 +23,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
+from simadmit.serve.inbound import COMPLETIONS, ClientError, parse_body
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,6 +133,13 @@ def _profile(**changes: object) -> str:
             node = node[key]
         node[last] = value
     return yaml.safe_dump(doc)
+
+
+def _parquet(columns: dict[str, list[object]]) -> bytes:
+    """A Parquet file of these columns, as bytes."""
+    buffer = io.BytesIO()
+    pd.DataFrame(columns).to_parquet(buffer)
+    return buffer.getvalue()
 
 
 MAPPED = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}
@@ -267,7 +277,11 @@ SIM_CASES = [
     Case(
         "trace-jsonl-bom-crlf",
         _trace_workload("trace.jsonl", "mooncake"),
-        files={"trace.jsonl": "\ufeff" + MOONCAKE_OK.replace("\n", "\r\n") * 2 + "\r\n"},
+        files={
+            "trace.jsonl": "\ufeff"
+            + (MOONCAKE_OK + MOONCAKE_OK.replace(": 0,", ": 1000,")).replace("\n", "\r\n")
+            + "\r\n"
+        },
         code=0,
         fragment="2 simulated requests",
     ),
@@ -418,6 +432,12 @@ SIM_CASES = [
         fragment="p.yaml: gpus_per_replica: Input should be a number, not true",
     ),
     Case(
+        "profile-gpus-huge",  # every GPU-second and paid GPU figure multiplied by 10^15, silently
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(gpus_per_replica=10**15)},
+        fragment="p.yaml: gpus_per_replica: Input should be less than or equal to 1024",
+    ),
+    Case(
         "profile-huge-kv-block",  # allocated per block phase: 53 s and gigabytes for 39 requests
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(kv_block_size=10**9)},
@@ -452,6 +472,11 @@ SIM_CASES = [
     Case("rate-nan", _set("workload.rate_rps", float("nan")), fragment="workload.rate_rps"),
     Case("negative-seed-option", args=("--seed", "-1"), fragment="--seed: must be a whole number from 0"),
     Case("negative-seed-field", _set("workload.seed", -3), fragment="workload.seed"),
+    Case(
+        "seed-at-the-top-with-replications",  # "must be a whole number from 0 to 2^63 - 1, got 2^63 - 1"
+        args=("--seed", str(2**63 - 1), "--replications", "2"),
+        fragment="--seed: 9223372036854775807: replication r runs seed + r, so with 2 replications the seed must",
+    ),
     Case(
         "set-not-yaml",
         args=("--set", "workload.rate_rps=[1, 2"),
@@ -631,6 +656,276 @@ SIM_CASES = [
             abs(s["queue_depth"]["all"]["rejection_rate"] - 0.8 / 1.8) < 0.05
             and s["queue_depth"]["all"]["queue_wait_mean_s"] == 0
         ),  # Erlang B, nobody waits
+    ),
+    *(  # each was read as 1: a budget of 1 s, a length of 1 token, a priority of 1
+        Case(
+            f"true-inside-{where}", _set(path, value), fragment=f"{where}: Input should be a number, not true"
+        )
+        for path, value, where in (
+            (
+                "policies.0",
+                {"kind": "gpu_seconds", "budgets_s": {"interactive": True}},
+                "budgets_s.interactive",
+            ),
+            (
+                "workload.tiers.0.prompt_tokens",
+                {"kind": "empirical", "values": [True, 5]},
+                "empirical.values.0",
+            ),
+            ("workload.arrival", {"kind": "profile", "points": [[0, True]]}, "profile.points.0.1"),
+            (
+                "pools.0.engine",
+                {"scheduling": "priority", "tier_priority": {"interactive": True}},
+                "tier_priority.interactive",
+            ),
+        )
+    ),
+    Case(
+        "gamma-cv-tiny",  # a traceback: the gamma shape 1 / cv^2 divided by zero
+        _set("workload.arrival", {"kind": "gamma", "cv": 1e-300}),
+        fragment="workload.arrival.gamma.cv: Input should be greater than or equal to 0.001",
+    ),
+    Case(
+        "mmpp-periods-tiny",  # hung: a calm period and a burst per 1e-300 s of the run
+        _set("workload.arrival", {"kind": "mmpp", "burst_factor": 2, "calm_s": 1e-300, "burst_s": 1e-300}),
+        fragment="scenario.yaml: workload: arrival.calm_s 1e-300 s and burst_s 1e-300 s switch state about "
+        "4e+300 times in the run's 4 s: at most 10,000,000",
+    ),
+    Case(
+        "lognormal-min-huge",  # every token count 1e300: all refused as too long, without a word
+        _set(
+            "workload.tiers.0.prompt_tokens", {"kind": "lognormal", "median": 100, "sigma": 1, "min": 1e300}
+        ),
+        fragment="workload.tiers.0.prompt_tokens.lognormal.min: Input should be less than or equal to 10000000",
+    ),
+    Case(
+        "service-time-min-beyond-the-timeline",  # a traceback: the min was not counted in its reach
+        _classical({"kind": "lognormal", "median": 1, "sigma": 0, "min": 2e6}, {"kind": "unconditional"}),
+        fragment="pools.0.engine.classical.service_time: one draw in a million reaches 2e+06 s: at most 1e+06 s",
+    ),
+    Case(
+        "autoscaler-target-tiny",  # a traceback: metric / target overflowed to infinity
+        _set(
+            "pools.0.autoscaler",
+            {
+                "metric": "queue_wait",
+                "target": 1e-320,
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "sync_period_s": 1,
+            },
+        ),
+        code=0,
+        fragment="simulated requests",
+    ),
+    Case(
+        "set-nested-too-deeply",  # a RecursionError from the YAML parser
+        args=("--set", "workload.rate_rps=" + "[" * 100_000),
+        fragment="[[[: not valid YAML (nested too deeply)",
+    ),
+    *(  # each was a traceback (RecursionError, ValueError)
+        Case(
+            f"trace-jsonl-{what}",
+            _trace_workload("trace.jsonl", "mooncake"),
+            files={"trace.jsonl": MOONCAKE_OK + line + "\n"},
+            fragment=f"trace.jsonl: line 2: not valid JSON ({reason})",
+        )
+        for what, line, reason in (
+            ("nested-too-deeply", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+            ("number-of-5000-digits", '{"timestamp": ' + "9" * 5000 + "}", "a number too long"),
+        )
+    ),
+    Case(
+        "trace-csv-field-too-long",  # a traceback: the csv module's field limit
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o,x\n0,10,5,a\n1,10,5," + "a" * 200_000 + "\n"},
+        fragment="trace.csv: line 3: not a CSV record (field larger than field limit (131072))",
+    ),
+    Case(
+        "tier-name-with-a-slash",  # ran; then `plot` of a sweep was a traceback, `compare` "could not write"
+        _set("workload.tiers.0.name", "a/b"),
+        fragment="workload.tiers.0.name: 'a/b' names files of its plots (`plot`, `compare`): no /, \\ or control",
+    ),
+    Case(
+        "tier-shares-overflow",  # their sum overflowed: every request went to the second tier
+        _set("workload.tiers", [{**TIER, "share": 1e308}, {**TIER, "name": "batch", "share": 1e308}]),
+        fragment="workload.tiers.0.share: Input should be less than or equal to 1000000000000",
+    ),
+    *(  # ran, with goodput and throughput divided by 1e-9 s: 1,000,000,000 requests/s
+        Case(
+            f"trace-{what}",
+            _trace_workload(),
+            files={"trace.csv": AZURE_HEADER + rows},
+            fragment="scenario.yaml: workload: every measured request arrives at the same instant (0 s; within 1 ms)",
+        )
+        for what, rows in (
+            ("of-one-row", "2023-11-16 18:15:46.68,374,44\n"),
+            ("all-at-one-instant", "2023-11-16 18:15:46.68,374,44\n" * 50),
+        )
+    ),
+    Case(
+        "trace-speedup-huge",  # two arrivals 3.2e-301 s apart: goodput 2,000,000,000 requests/s
+        _trace_workload(speedup=1e300),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload: every measured request arrives at the same instant (3.2e-301 s",
+    ),
+    Case(
+        "trace-length-rule-matching-nothing",  # ran, the rule never applied
+        _trace_workload(tiers={"by": "length", "rules": [{"tier": "t", "above": 500, "at_most": 10}]}),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace.tiers.rules.0: at_most (10) must exceed above (500): the rule would match no",
+    ),
+    Case(
+        "profile-path-empty",  # "profile '' is a folder": the scenario's own folder
+        _set("pools.0.profile", ""),
+        fragment="scenario.yaml: pools.0.profile: String should have at least 1 character",
+    ),
+    Case(
+        "trace-path-is-a-device",  # "trace '/dev/null' not found"
+        _trace_workload("/dev/null"),
+        fragment="workload.trace.path: trace '/dev/null' is not a regular file (a device, pipe or socket)",
+    ),
+    Case(
+        "key-null",  # "None: Keys should be strings"
+        lambda d: d.update({None: "x"}),
+        fragment="scenario.yaml: the key null is not a name: write it in quotes if it is one ('null': ...)",
+    ),
+    Case(
+        "key-null-of-a-mapping",  # "policies.0.gpu_seconds.budgets_s.None.[key]: Input should be a valid string"
+        _set("policies.0", {"kind": "gpu_seconds", "budgets_s": {None: 3}}),
+        fragment="policies.0.gpu_seconds.budgets_s: the key null is not a name",
+    ),
+    Case(
+        "set-blank-path",  # "--set: a path has no empty part", without the item typed
+        args=("--set", " =2"),
+        fragment="--set:  =2: expected path=value",
+    ),
+    Case(
+        "trace-times-past-float-range",  # the request 2e308 s later was silently dropped, and the run went on
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o\n1e308,10,5\n-1e308,10,5\n"},
+        fragment="trace.csv: its requests span inf s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-csv-column-twice",  # the first of the two was read, silently
+        _trace_workload(fmt="mapped", columns=MAPPED),
+        files={"trace.csv": "t,p,o,p\n0,10,5,7\n1,10,5,7\n"},
+        fragment="trace.csv: line 1: column 'p' is in the header twice",
+    ),
+    Case(
+        "trace-jsonl-key-twice",  # the last of the two was read, silently
+        _trace_workload("trace.jsonl", "mooncake"),
+        files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": 1, "input_length": 50, "input_length": 9}\n'},
+        fragment="trace.jsonl: line 2: not valid JSON (key 'input_length' given twice)",
+    ),
+    Case(
+        "variant-sets-variants",  # ran, the inner variants never
+        _set("variants", [{"name": "v", "set": {"variants": [{"name": "w", "set": {}}]}}]),
+        fragment="scenario.yaml: variants.0.set: a variant cannot set variants",
+    ),
+    Case(
+        "pool-tiers-empty",  # a pool listing no tier served them all
+        _set("pools.0.tiers", []),
+        fragment="pools.0.tiers: List should have at least 1 item",
+    ),
+    Case(
+        "pool-lists-a-tier-twice",  # "tier 'interactive' is already served by pool 'p' (pools.0)": itself
+        _set("pools.0.tiers", ["interactive", "interactive"]),
+        fragment="scenario.yaml: pools.0.tiers: tier 'interactive' is listed twice",
+        absent="already served",
+    ),
+    Case(
+        "engine-kind-unknown",  # "Input tag 'magic' found using _engine_kind() does not match ..."
+        _set("pools.0.engine", {"kind": "magic"}),
+        fragment="pools.0.engine: kind must be 'continuous' (the default) or 'classical'",
+    ),
+    Case(
+        "policy-without-kind",  # "policies.0: Unable to extract tag using discriminator 'kind'"
+        _set("policies.0", {"max_queued": 3}),
+        fragment="scenario.yaml: policies.0.kind: required field is missing",
+    ),
+    Case(
+        "policy-not-a-mapping",  # "Input should be a valid dictionary or object to extract fields from"
+        _set("policies.0", "unconditional"),
+        fragment="policies.0: Input should be a mapping of fields, not str",
+    ),
+    Case(
+        "polls-beyond-count",  # hung: 10^10 polls of a day-long run
+        _both(
+            _set("workload.duration_s", 100_000),
+            _set("workload.rate_rps", 0.001),
+            _set("gateway", {"poll_interval_s": 0.001, "replicas": 100}),
+        ),
+        fragment="gateway.poll_interval_s: 0.001 s: 100 gateway replicas polling until the last arrival",
+    ),
+    Case(
+        "autoscaler-syncs-beyond-count",  # hung: 10^9 syncs
+        _both(
+            _set("workload.duration_s", 1_000_000),
+            _set("workload.rate_rps", 0.0001),
+            _set(
+                "pools.0.autoscaler",
+                {
+                    "metric": "queue_wait",
+                    "target": 1,
+                    "min_replicas": 1,
+                    "max_replicas": 2,
+                    "sync_period_s": 0.001,
+                },
+            ),
+        ),
+        fragment="pools.0.autoscaler.sync_period_s: 0.001 s until the last arrival",
+    ),
+    Case(
+        "set-whole-number-in-e-notation",  # "Input should be a valid integer, unable to parse string as an integer"
+        args=("--set", "pools.0.replicas=1e3"),
+        fragment="pools.0.replicas: '1e3' is text to YAML (a number needs a dot and a signed exponent, 1.0e+3): "
+        "write 1000",
+    ),
+    Case(
+        "sixty-five-pools",  # simulated, then a traceback writing the tables (np.choose takes 64 arrays)
+        _both(
+            _set("workload.tiers", [{**TIER, "name": f"t{i}"} for i in range(65)]),
+            _set(
+                "pools",
+                [{"name": f"p{i}", "profile": PROFILE, "replicas": 1, "tiers": [f"t{i}"]} for i in range(65)],
+            ),
+        ),
+        code=0,
+        fragment="simulated requests",
+    ),
+    Case(
+        "trace-dates-centuries-apart",  # ran: 585 years wrapped around int64 nanoseconds to 0.71 s
+        _trace_workload(),
+        files={"trace.csv": AZURE_HEADER + "1677-09-21 00:12:43,374,44\n2262-04-11 23:47:16,396,109\n"},
+        fragment="trace.csv: its requests span 1.84e+10 s as replayed (after speedup): at most 1e+06 s",
+    ),
+    Case(
+        "trace-columns-of-another-format",  # the mapping was silently ignored
+        _trace_workload(columns=MAPPED),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
+    ),
+    Case(
+        "set-value-its-tag-refuses",  # a traceback
+        args=("--set", "name=!!bool x"),
+        fragment="--set: name=!!bool x: not valid YAML ('x' is not a !!bool)",
+    ),
+    Case(
+        "set-mapping-with-a-key-twice",  # the last silently won, as a scenario file refuses
+        args=("--set", "workload.arrival={kind: gamma, kind: poisson}"),
+        fragment="not valid YAML (key 'kind' given twice)",
+    ),
+    Case(
+        "set-child-then-its-parent",  # the parent, applied after, silently undid the child
+        args=("--set", "workload.rate_rps=2", "--set", "workload={seed: 1}"),
+        fragment="--set: workload: replaces workload.rate_rps, set before it: set workload first",
+    ),
+    Case(
+        "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
+        _trace_workload("trace.parquet", "mapped", columns=MAPPED),
+        files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},
+        fragment="trace.parquet: row 1: p array([1, 2]) is not a whole number >= 1",
     ),
 ]
 
@@ -831,6 +1126,26 @@ CALIBRATE_CASES = [
         fragment="no-such-profile: calibration profile file not found",
     ),
     CalibrateCase(
+        "check-requests-huge",  # drew 10^8 requests' lengths and times before sending any: minutes, gigabytes
+        ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--requests", "100000000"),
+        fragment="Invalid value for '--requests'",
+    ),
+    CalibrateCase(
+        "check-rate-tiny",  # hung: each request waited its turn, 10^300 s apart
+        (
+            "calibrate",
+            "check",
+            "smollm2-135m-cpu",
+            "--endpoint",
+            "{url}",
+            "--requests",
+            "3",
+            "--rate",
+            "1e-300",
+        ),
+        fragment="--rate: 1e-300 arrivals per second: the 3 requests would take 1.43e+300 s to send; at most 1e+06 s",
+    ),
+    CalibrateCase(
         "check-negative-rate",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--rate", "-1"),
         fragment="--rate: must be a positive number",
@@ -879,6 +1194,7 @@ class CommandCase:
     args: tuple[str, ...]
     code: int = 2
     fragment: str = ""
+    absent: str = ""  # must not be printed (a secret)
 
 
 COMMAND_CASES = [
@@ -894,6 +1210,21 @@ COMMAND_CASES = [
         "simulate-list-scenario",
         ("simulate", "{in}/list.yaml"),
         fragment="list.yaml: a scenario must be a YAML",
+    ),
+    CommandCase(
+        "simulate-device-as-scenario",  # "scenario file not found"
+        ("simulate", "/dev/null"),
+        fragment="/dev/null: scenario file is not a regular file (a device, pipe or socket)",
+    ),
+    CommandCase(
+        "simulate-value-its-tag-refuses",  # a ValueError traceback from PyYAML's !!int constructor
+        ("simulate", "{in}/bad-tag.yaml"),
+        fragment="bad-tag.yaml: line 1: not valid YAML ('tiny' is not a !!int)",
+    ),
+    CommandCase(
+        "simulate-nested-too-deeply",  # a RecursionError from the YAML parser
+        ("simulate", "{in}/deep.yaml"),
+        fragment="deep.yaml: not valid YAML (nested too deeply)",
     ),
     CommandCase(
         "simulate-bom-crlf-scenario",
@@ -928,8 +1259,60 @@ COMMAND_CASES = [
     CommandCase(
         "sweep-value-is-printed-as-typed",
         ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=a:b:3", "--out", "{tmp}/s"),
-        fragment="--param workload.rate_rps=a:b:3: ",  # not an emoji, not markup
+        fragment="--param: workload.rate_rps=a:b:3: a range is",  # not an emoji, not markup
     ),
+    *(
+        CommandCase(
+            f"sweep-{what}",
+            ("sweep", "{in}/ok.yaml", "--param", f"workload.rate_rps={value}", "--out", "{tmp}/s"),
+            fragment=f"--param: workload.rate_rps={value}: {message}",
+        )
+        for what, value, message in (
+            ("range-end-not-a-number", "1e:2:3", "a range is lo:hi:n, two finite numbers and a whole number"),
+            ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
+            ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
+            ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
+        )
+    ),
+    *(  # each started 100,000 worker processes
+        CommandCase(
+            f"{args[0]}-jobs-huge",
+            (*args, "--jobs", "100000", "--out", "{tmp}/o"),
+            fragment="--jobs: 100000 worker processes on this machine's",
+        )
+        for args in (
+            ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2"),
+            ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s"),
+        )
+    ),
+    CommandCase(
+        "optimize-rounds-huge",  # 1.8e9 simulations, started one by one
+        (
+            "optimize",
+            "{in}/queue-depth.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--rounds",
+            "100000000",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--rounds, --candidates, --fresh-seeds: 100000000, 5, 2: up to 1,800,000,012 simulations",
+    ),  # fmt: skip
+    CommandCase(
+        "optimize-search-to-infinity",  # a traceback (an infinite integer bound)
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "pools.0.replicas=1:inf",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--search: pools.0.replicas=1:inf: expected path=lo:hi, finite numbers with lo <= hi",
+    ),  # fmt: skip
     CommandCase(
         "sweep-binary-scenario",
         ("sweep", "{in}/binary.yaml", "--param", "workload.rate_rps=1,2", "--out", "{tmp}/s"),
@@ -1026,6 +1409,12 @@ COMMAND_CASES = [
             "{busy}",
         ),
         fragment="dup.yaml: line 25: not valid YAML (key 'name' given twice)",
+    ),
+    CommandCase(
+        "replay-endpoint-with-a-key",  # the key was printed back in the connection-refused line
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused_with_key}", "--out", "{tmp}/r"),
+        fragment="--endpoint: {refused}: connection refused",
+        absent="sk-secret-2",
     ),
     CommandCase(
         "replay-connection-refused",
@@ -1156,6 +1545,37 @@ COMMAND_CASES = [
         "optimize-out-is-a-simulate-run",
         ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s", "--out", "{sim}"),
         fragment="{sim}: holds a simulate run: give --out a folder of its own",
+    ),
+    *(  # a sweep was written into the simulate run; simulate replaced it
+        CommandCase(
+            f"{args[0]}-out-has-a-damaged-manifest",
+            (*args, "--out", "{in}/damaged-manifest"),
+            fragment="damaged-manifest: holds a run whose manifest.json cannot be read: give --out a folder",
+        )
+        for args in (
+            ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1,2"),
+            ("simulate", "{in}/ok.yaml"),
+        )
+    ),
+    CommandCase(
+        "compare-real-run-given-twice",  # counted as two real runs
+        ("compare", "{sim}", "{other}", "{other}/"),
+        fragment="{other}: given twice (itself, or through the folder holding its repeats): name each real run",
+    ),
+    CommandCase(
+        "compare-out-inside-a-simulate-run",  # written there; simulating that run again was then refused
+        ("compare", "{sim}", "{sim}", "--out", "{sim}/report"),
+        fragment="{sim}/report: is inside {sim}, a simulate run's folder: give --out a folder of its own",
+    ),
+    CommandCase(
+        "simulate-out-is-a-link",  # the link was swapped for a new folder, a stale `.previous` link left beside it
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/link-to-sim"),
+        fragment="link-to-sim: is a link to {sim} (the folder is replaced whole, the link with it): give --out",
+    ),
+    CommandCase(
+        "simulate-out-is-a-dangling-link",  # "could not write the outputs (Not a directory)"
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/dangling"),
+        fragment="dangling: is a link to {in}/nowhere (it points nowhere): give --out the folder itself",
     ),
     CommandCase(
         "simulate-out-is-a-replay-run",
@@ -1299,10 +1719,38 @@ COMMAND_CASES = [
         ),
         fragment="ok.yaml: gateway.http.tokenizer: {in}/no.json: file not found",
     ),
+    *(  # both were "file not found"
+        CommandCase(
+            f"gateway-tokenizer-{what}",
+            (
+                "gateway",
+                "--backend",
+                "{refused}",
+                "--scenario",
+                "{in}/ok.yaml",
+                "--set",
+                f"gateway.http.tokenizer={path}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{busy}",
+            ),
+            fragment=f"ok.yaml: gateway.http.tokenizer: {shown}: {why}",
+        )  # fmt: skip
+        for what, path, shown, why in (
+            ("a-folder", "folder", "{in}/folder", "is a folder"),
+            ("a-device", "/dev/null", "/dev/null", "is not a regular file (a device, pipe or socket)"),
+        )
+    ),
     CommandCase(
         "calibrate-out-is-a-folder",
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/folder"),
         fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
+    ),
+    CommandCase(
+        "calibrate-out-is-a-dangling-link",  # measured in full, then "cannot write it" at the end
+        ("calibrate", "--endpoint", "{refused}", "--out", "{in}/dangling"),
+        fragment="dangling: is a link to {in}/nowhere, which points nowhere: give --out a new file",
     ),
     CommandCase(
         "calibrate-budget-huge",
@@ -1343,9 +1791,14 @@ COMMAND_CASES = [
         fragment="--label: must not be empty",
     ),
     CommandCase(
+        "plot-an-optimize-folder",  # "no sweep.parquet, ... to plot", while a replay's line said plot drew it
+        ("plot", "{in}/optimized"),
+        fragment="optimized: holds an optimize run: plot draws simulate and sweep folders (optimize.csv holds",
+    ),
+    CommandCase(
         "plot-a-replay-folder",  # "incomplete folder: ... run the command that writes it again"
         ("plot", "{in}/replayed"),
-        fragment="replayed: holds a replay run: plot draws simulate, sweep and optimize folders",
+        fragment="replayed: holds a replay run: plot draws simulate and sweep folders",
     ),
     *(
         CommandCase(
@@ -1369,6 +1822,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
+    (root / "queue-depth.yaml").write_text(
+        yaml.safe_dump({**doc, "policies": [{"kind": "queue_depth", "max_queued": 4}]}, sort_keys=False)
+    )
+    (root / "bad-tag.yaml").write_text(text.replace("name: tiny", "name: !!int tiny"))
+    (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
@@ -1388,9 +1846,19 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "simulate", str(root / "ok.yaml"), "--out", str(root / name), "--set", f"workload.rate_rps={rate}"
         )
         assert ran.returncode == 0, ran.stderr
+    (root / "link-to-sim").symlink_to(root / "sim")
+    (root / "damaged-manifest").mkdir()
+    for table in ("requests.parquet", "timeseries.parquet", "summary.json"):
+        (root / "damaged-manifest" / table).write_bytes((root / "sim" / table).read_bytes())
+    (root / "damaged-manifest" / "manifest.json").write_text("{")
+    (root / "dangling").symlink_to(root / "nowhere")
     (root / "replayed").mkdir()  # what `replay --out` leaves: its tables and facts, no manifest
     (root / "replayed" / "requests.parquet").write_bytes((root / "sim" / "requests.parquet").read_bytes())
     (root / "replayed" / "replay.json").write_text("{}")
+    (root / "optimized").mkdir()
+    (root / "optimized" / "manifest.json").write_text(
+        '{"command": "optimize", "partial": false, "files": {}}'
+    )
     (root / "swept").mkdir()
     (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
     (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
@@ -1407,13 +1875,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         yield {
             "in": str(root), "sim": str(root / "sim"), "other": str(root / "other"),
             "refused": f"http://127.0.0.1:{free.getsockname()[1]}", "busy": str(busy.getsockname()[1]),
+            "refused_with_key": f"http://user:sk-secret-2@127.0.0.1:{free.getsockname()[1]}",
         }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
 def test_command_input(case: CommandCase, inputs: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**inputs, tmp=tmp_path) for a in case.args]
-    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs))
+    assert_outcome(simadmit(*args, timeout=120), case.code, case.fragment.format(**inputs), case.absent)
 
 
 def test_a_link_leading_nowhere_is_named_as_such(tmp_path: Path) -> None:
@@ -1482,3 +1951,19 @@ def test_command_line_mistakes_are_one_line(args: tuple[str, ...]) -> None:
     assert "Traceback" not in result.stderr and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--help)" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "a number too long"),
+    ],
+    ids=["nested-too-deeply", "number-of-5000-digits"],
+)
+def test_gateway_request_body_the_json_reader_refuses_is_a_400(raw: bytes, why: str) -> None:
+    """A body Python's JSON reader cannot take is the client's 400, as any other malformed body (these were
+    a RecursionError and a ValueError: a 500 and a traceback in the gateway's log)."""
+    with pytest.raises(ClientError) as err:
+        parse_body(raw, COMPLETIONS, 16)
+    assert err.value.status == 400 and str(err.value) == f"request body is not valid JSON: {why}"

@@ -21,7 +21,9 @@ import pandas as pd
 
 from simadmit.calibrate.client import Attempt, discover, normalize_base_url, stream_completion, tokenize
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
+from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import Profile, solo_service_s
+from simadmit.config.workload_schema import MAX_SECONDS
 from simadmit.fleet.engine_replay import replay_on_profile
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -58,6 +60,18 @@ def mixed_load(profile: Profile, cfg: CheckConfig) -> Load:
     )
     rate = cfg.rate_per_s or 2.0 / float(alone)  # Little: two in flight = rate x mean time alone
     arrivals = np.cumsum(rng.exponential(1.0 / rate, cfg.requests))
+    span = float(arrivals[-1] - arrivals[0])
+    if not span <= MAX_SECONDS:  # each request waits for its time: a tiny --rate would wait for ever
+        raise InputError(
+            [
+                problem(
+                    None,
+                    "--rate",
+                    f"{rate:g} arrivals per second: the {cfg.requests} requests would take {span:.3g} s to send; "
+                    f"at most {MAX_SECONDS:g} s",
+                )
+            ]
+        )
     return Load(arrivals - arrivals[0], prompts, outputs)
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from simadmit.calibrate.client import normalize_base_url
+from simadmit.calibrate.client import normalize_base_url, without_credentials
 from simadmit.calibrate.deadline import BudgetSpent, stall_after_s, within_budget
 from simadmit.calibrate.launch import LaunchError, launched_server
 from simadmit.calibrate.measurements import measurements_path, read_measurements
@@ -219,7 +219,12 @@ def check_command(
     model: Annotated[
         str | None, typer.Option(help="served model name (default: the profile's model)")
     ] = None,
-    requests: Annotated[int, typer.Option(min=1, help="requests in the replayed load")] = 40,
+    requests: Annotated[
+        int,
+        typer.Option(
+            min=1, max=100_000, help="requests in the replayed load (a short load: at most 100,000)"
+        ),
+    ] = 40,
     rate: Annotated[
         float | None, typer.Option(help="arrivals per second (default: about two in flight)")
     ] = None,
@@ -251,7 +256,12 @@ def check_command(
     failed = sum(failures.values())
     reasons = ", ".join(f"{n} {status}" for status, n in failures.most_common())
     if failed == requests:
-        fail([f"{endpoint}: all {requests} requests failed ({reasons}): nothing to compare"], code=1)
+        fail(
+            [
+                f"{without_credentials(endpoint)}: all {requests} requests failed ({reasons}): nothing to compare"
+            ],
+            code=1,
+        )
     out = Table(title=f"{profile}: simulated vs measured ({requests} requests, {failed} failed)")
     for col in ("metric", "stat", "predicted", "measured", "error"):
         out.add_column(col, justify="right")

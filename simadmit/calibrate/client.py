@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import numpy as np
@@ -135,7 +135,13 @@ def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> I
         cause = "no answer (timed out)"
     else:
         cause = f"cannot connect ({error or type(error).__name__})"
-    return InputError([problem(None, option, f"{base_url}: {cause}")])
+    return InputError([problem(None, option, f"{without_credentials(base_url)}: {cause}")])
+
+
+def without_credentials(url: str) -> str:
+    """The URL as shown in a message: `http://user:key@host` -> `http://host` (a key is never printed)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])) if "@" in parts.netloc else url
 
 
 def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,14 @@ def check_out(out: Path, resume: bool) -> None:
     """Before anything is measured or launched: a new calibration writes over no file (a profile, or
     anything else given as --out), and `--resume` needs the measurements file it continues."""
     csv_path = measurements_path(out)
+    if out.is_symlink() and not out.exists():  # the profile would be written through it at the very end
+        raise InputError(
+            [
+                problem(
+                    out, None, f"is a link to {os.readlink(out)}, which points nowhere: give --out a new file"
+                )
+            ]
+        )
     if csv_path.is_dir():
         raise InputError([problem(csv_path, None, "is a folder, where the measurements file goes")])
     if resume and not csv_path.is_file():

@@ -73,8 +73,19 @@ class App(typer.Typer):
 
 def check_seed(seed: int | None, replications: int = 1, option: str = "--seed") -> None:
     """A seed the random streams accept for every replication: 0 <= seed and seed + replications - 1 < 2^63."""
-    if seed is not None and not 0 <= seed <= MAX_SEED - (replications - 1):
+    if seed is not None and not 0 <= seed <= MAX_SEED:
         raise InputError([problem(None, option, f"must be a whole number from 0 to 2^63 - 1, got {seed}")])
+    if seed is not None and seed > MAX_SEED - (replications - 1):  # the last replication's seed is too big
+        raise InputError(
+            [
+                problem(
+                    None,
+                    option,
+                    f"{seed}: replication r runs seed + r, so with {replications} replications the seed must be "
+                    f"at most 2^63 - {replications}",
+                )
+            ]
+        )
 
 
 def preflight(spec: ScenarioSpec, base: Path, source: Path, seed: int | None = None) -> list[str]:

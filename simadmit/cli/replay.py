@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simadmit.calibrate.client import normalize_base_url
+from simadmit.calibrate.client import normalize_base_url, without_credentials
 from simadmit.cli.common import check_seed, fail, preflight, print_notes, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
@@ -124,7 +124,7 @@ def replay_command(
         _print_facts(console, where, facts)
         if failed := _unanswered(run):
             reasons = ", ".join(f"{n} {status}" for status, n in failed.most_common())
-            print_problems([f"{where}: no request was answered ({reasons}): is {endpoint[0]} an OpenAI-compatible "
+            print_problems([f"{where}: no request was answered ({reasons}): is {without_credentials(endpoint[0])} an OpenAI-compatible "
                             "completions endpoint? the run is kept"])  # fmt: skip
             raise typer.Exit(1)
 

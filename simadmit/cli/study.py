@@ -21,12 +21,12 @@ from rich.table import Table
 
 from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight_each, print_notes
 from simadmit.cli.progress import UnitProgress
-from simadmit.config.errors import InputError
+from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import load_scenario, scenario_from_dict
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
-from simadmit.results.run_folder import check_destination, read_manifest
+from simadmit.results.run_folder import check_destination, held_run, read_manifest
 from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
@@ -35,6 +35,10 @@ from simadmit.study.slo import parse_slo
 from simadmit.study.table import sla_tiers
 
 T = TypeVar("T")
+
+
+JOBS_PER_CPU = 4  # worker processes per CPU: more only wait on each other
+MIN_MAX_JOBS = 32  # allowed whatever the CPUs
 
 
 def available_cpus() -> int:
@@ -48,6 +52,23 @@ def available_cpus() -> int:
 class BackendName(StrEnum):
     process = "process"
     ray = "ray"
+
+
+def check_jobs(jobs: int, backend: BackendName) -> None:
+    """Worker processes this machine can run: each forks the simulator, so a typo (--jobs 100000) would
+    start that many processes. A Ray cluster spreads its tasks over its own machines: not checked."""
+    most = max(MIN_MAX_JOBS, JOBS_PER_CPU * available_cpus())
+    if backend is BackendName.process and jobs > most:
+        raise InputError(
+            [
+                problem(
+                    None,
+                    "--jobs",
+                    f"{jobs} worker processes on this machine's {available_cpus()} CPUs: at most {most} "
+                    f"({JOBS_PER_CPU} per CPU, or {MIN_MAX_JOBS})",
+                )
+            ]
+        )
 
 
 def _backend(name: BackendName, address: str | None) -> Backend:
@@ -91,6 +112,7 @@ def sweep(
     """Run every combination of parameter values through every policy; resume where a previous run stopped."""
     try:
         check_seed(seed, replications)
+        check_jobs(jobs, backend)
         path = resolve_scenario(scenario)
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
         check_destination(out, replace=False, command="sweep")
@@ -244,6 +266,7 @@ def optimize_cmd(
         problems.append("--slo: give at least one SLO, e.g. --slo 'interactive.ttft_p99<=3s'")
     try:
         check_seed(seed, replications + fresh_seeds)
+        check_jobs(jobs, backend)
         overrides = parse_assignments(set_)
         check_destination(out, replace=False, command="optimize")
     except InputError as e:
@@ -369,6 +392,10 @@ def plot(
     except InputError as e:
         fail(e.problems)
         return
+    held = held_run(directory)
+    if not written and held in ("optimize", "compare"):  # their own tables are what they show
+        fail([f"{directory}: holds {'an' if held == 'optimize' else 'a'} {held} run: plot draws simulate and sweep "
+              f"folders ({held}.csv holds its results)"])  # fmt: skip
     if not written:
         fail([f"{directory}: no sweep.parquet, requests.parquet or timeseries.parquet to plot"])
         return

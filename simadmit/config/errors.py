@@ -5,12 +5,16 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.text import Text
+
+SPECIAL = "is not a regular file (a device, pipe or socket)"  # what exists, is no folder, and no file
+TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
 
 
 class InputError(Exception):
@@ -45,23 +49,53 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
     """Turn a pydantic ValidationError into one `file: field.path: message` line per error."""
     lines = []
     for e in error.errors():  # type: ignore[attr-defined]
-        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-"))
+        parts = [str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        key = e["type"] == "invalid_key" or parts[-1:] == ["[key]"]  # a key that is no text: `1:`, `null:`
+        parts = parts[: -2 if parts[-1:] == ["[key]"] else -1] if key else parts
+        loc = ".".join(parts)
         field = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if key:  # named as the file writes it (null, true), not as Python does (None, True)
+            written = yaml.safe_dump(e["input"], default_flow_style=True).removesuffix("\n...\n").strip()
+            msg = f"the key {written} is not a name: write it in quotes if it is one ('{written}': ...)"
+        elif e["type"] == "extra_forbidden":
             msg = "unknown field (misspelled?)"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        elif e["type"] == "model_type":  # pydantic names the model class: no word of the file's
+        elif e["type"] in ("model_type", "model_attributes_type"):  # pydantic's words, not the file's
             msg = f"Input should be a mapping of fields, not {type(e['input']).__name__}"
+        elif e["type"] == "union_tag_not_found":  # a policy without its kind
+            field, msg = f"{field}.kind", "required field is missing"
+        elif e["type"] == "int_parsing" and (whole := _whole_number_text(e.get("input"))) is not None:
+            msg = f"{e['input']!r} is text to YAML (a number needs a dot and a signed exponent, 1.0e+3): write {whole}"
         elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
             msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))
     return lines
 
 
+def _whole_number_text(value: object) -> int | None:
+    """The whole number a text such as '1e3' writes, which YAML 1.1 reads as text, not a number."""
+    try:
+        number = float(value) if isinstance(value, str) else math.nan
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+    """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently),
+    and a value its explicit tag cannot take (`!!int tiny`) as a YAML error at its line, where PyYAML's
+    constructors raise a bare ValueError, KeyError or AttributeError."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            tag = node.tag.removeprefix("tag:yaml.org,2002:")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is not a !!{tag}", node.start_mark
+            ) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
@@ -79,8 +113,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def load_yaml_text(text: str) -> object:
+    """YAML text read as `read_yaml` reads a file (a key given twice, a value its tag cannot take: a
+    `yaml.YAMLError`); a `--set` value, a `--param` value."""
+    return yaml.load(text, _UniqueKeyLoader)
+
+
 def not_found(path: Path, what: str) -> str:
-    """Why nothing is read at `path`: nothing there, or a link leading nowhere (its target gone, or a loop)."""
+    """Why nothing is read at `path`: nothing there, a link leading nowhere (its target gone, or a loop), or
+    something that is no regular file (a device, a pipe)."""
+    if path.exists() and not path.is_dir():
+        return f"{what} {SPECIAL}"
     if path.is_symlink():
         return f"{what} not found: a link to a missing file or a loop of links"
     return f"{what} not found"
@@ -95,7 +138,7 @@ def read_yaml(path: str | Path, what: str) -> object:
         raise InputError([problem(path, None, not_found(path, f"{what} file"))])
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
-        return yaml.load(text, _UniqueKeyLoader)  # a SafeLoader refusing a key given twice
+        return load_yaml_text(text)
     except UnicodeDecodeError as e:
         raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
     except OSError as e:
@@ -104,6 +147,8 @@ def read_yaml(path: str | Path, what: str) -> object:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+    except RecursionError:  # the parser recurses once per level of brackets or indentation
+        raise InputError([problem(path, None, f"not valid YAML ({TOO_DEEP})")]) from None
 
 
 def read_mapping(path: str | Path, what: str) -> dict:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import TOO_DEEP, InputError, load_yaml_text, problem
 
 
 def parse_assignments(values: Iterable[str]) -> dict[str, object]:
@@ -24,16 +24,18 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
     bad = []
     for item in values:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
             continue
         if key.strip() in out:  # which one was meant? (a later one would silently win)
             bad.append(problem("--set", item, f"{key.strip()} is set twice: give each path once"))
             continue
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = load_yaml_text(raw)
         except yaml.YAMLError as e:
             bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
+        except RecursionError:
+            bad.append(problem("--set", item, f"not valid YAML ({TOO_DEEP})"))
     if bad:
         raise InputError(bad)
     return out
@@ -63,6 +65,11 @@ def list_index(items: list[object], key: str) -> int | None:
 def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
     """A copy of `document` with each dotted path set to its value; missing mappings are created."""
     document = copy.deepcopy(document)
+    paths = list(overrides)
+    for n, path in enumerate(paths):  # a.b then a: a, applied after, would silently undo a.b
+        undone = next((p for p in paths[:n] if p.startswith(f"{path}.")), None)
+        if undone is not None:
+            raise InputError([problem("--set", path, f"replaces {undone}, set before it: set {path} first")])
     for dotted, value in overrides.items():
         node: object = document
         keys = dotted.split(".")

@@ -25,7 +25,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from simadmit.config.errors import InputError, problem, pydantic_problems, read_mapping
-from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS, Spec
+from simadmit.config.workload_schema import MAX_GPUS_PER_REPLICA, MAX_SECONDS, MAX_TOKENS, Spec
 
 
 class _StepTimeModel(Spec):
@@ -61,8 +61,10 @@ class _Summary(Spec):
 class _ProfileFile(Spec):
     model: str
     gpu: str
-    gpus_per_replica: int = Field(default=1, gt=0, description="GPUs one replica spans (tensor x pipeline)")
-    tensor_parallel: int = Field(default=1, gt=0)
+    gpus_per_replica: int = Field(
+        default=1, gt=0, le=MAX_GPUS_PER_REPLICA, description="GPUs one replica spans (tensor x pipeline)"
+    )
+    tensor_parallel: int = Field(default=1, gt=0, le=MAX_GPUS_PER_REPLICA)
     source: str = Field(default="", description="where the numbers come from")
     step_time: _StepTimeModel
     kv_capacity_tokens: int = Field(gt=0, description="KV-cache capacity of one replica, in tokens")

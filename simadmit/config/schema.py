@@ -23,6 +23,7 @@ from simadmit.config.defaults import (
 )
 from simadmit.config.overrides import element_name
 from simadmit.config.workload_schema import (
+    MAX_GPUS_PER_REPLICA,
     MAX_SECONDS,
     DistSpec,
     EmpiricalSpec,
@@ -62,20 +63,21 @@ class ContinuousEngineSpec(Spec):
 
 def _seconds(dist: DistSpec) -> DistSpec:
     """A distribution of seconds (service, cold start) must stay within MAX_SECONDS in practice: its
-    one-in-a-million draw (or its `max`) at most that, since each draw becomes a time on the timeline."""
+    one-in-a-million draw (clipped to its `min` and `max`) at most that, since each draw becomes a time on
+    the timeline."""
     if isinstance(dist, FixedSpec):
         reach = dist.value
     elif isinstance(dist, ExponentialSpec):
         reach = dist.mean * math.log(1e6)
     elif isinstance(dist, LogNormalSpec):
-        reach = min(dist.max, dist.median * math.exp(4.75 * dist.sigma))
+        reach = min(dist.max, max(dist.min, dist.median * math.exp(4.75 * dist.sigma)))
     else:
         assert isinstance(dist, EmpiricalSpec)
         reach = max(dist.values or [0.0])
     if reach > MAX_SECONDS:
         raise ValueError(
-            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale, "
-            "or a max)"
+            f"one draw in a million reaches {reach:.3g} s: at most {MAX_SECONDS:g} s (set a smaller scale "
+            "or min, or a max)"
         )
     return dist
 
@@ -96,7 +98,11 @@ def _engine_kind(value: object) -> str:
 
 EngineSpec = Annotated[
     Annotated[ContinuousEngineSpec, Tag("continuous")] | Annotated[ClassicalEngineSpec, Tag("classical")],
-    Discriminator(_engine_kind),
+    Discriminator(
+        _engine_kind,
+        custom_error_type="engine_kind",
+        custom_error_message="kind must be 'continuous' (the default) or 'classical'",
+    ),
 ]
 
 
@@ -137,11 +143,17 @@ class AutoscalerSpec(Spec):
 
 class PoolSpec(Spec):
     name: str = Field(default="pool", min_length=1)
-    profile: str = Field(description="profile file (relative to the scenario) or a bundled profile name")
+    profile: str = Field(
+        min_length=1, description="profile file (relative to the scenario) or a bundled profile name"
+    )
     replicas: int = Field(gt=0, le=MAX_REPLICAS)
-    gpus_per_replica: int | None = Field(default=None, gt=0, le=1024, description="defaults to the profile's")
+    gpus_per_replica: int | None = Field(
+        default=None, gt=0, le=MAX_GPUS_PER_REPLICA, description="defaults to the profile's"
+    )
     engine: EngineSpec = ContinuousEngineSpec()
-    tiers: list[str] | None = Field(default=None, description="tiers this pool serves (default: all)")
+    tiers: list[str] | None = Field(
+        default=None, min_length=1, description="tiers this pool serves (default, left out: all)"
+    )
     autoscaler: AutoscalerSpec | None = None
 
 
@@ -407,6 +419,16 @@ class VariantSpec(Spec):
     name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
 
+    @field_validator("set")
+    @classmethod
+    def _not_variants(cls, v: dict[str, object]) -> dict[str, object]:
+        """A variant runs the scenario without its variants: variants set inside one would never run."""
+        if any(path.split(".")[0] == "variants" for path in v):
+            raise ValueError(
+                "a variant cannot set variants: list every variant under the scenario's variants"
+            )
+        return v
+
 
 class ScenarioSpec(Spec):
     name: str = "scenario"
@@ -494,7 +516,9 @@ def scenario_problems(spec: ScenarioSpec) -> list[tuple[str, str]]:
                     )
     owner: dict[str, int] = {}
     for i, pool in enumerate(spec.pools):
-        for tier in pool.tiers or tiers:
+        for tier in dict.fromkeys(pool.tiers or tiers):
+            if (pool.tiers or []).count(tier) > 1:
+                out.append((f"pools.{i}.tiers", f"tier {tier!r} is listed twice"))
             if tier in owner:
                 first = spec.pools[owner[tier]].name
                 out.append(

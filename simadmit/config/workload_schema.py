@@ -28,15 +28,14 @@ class Spec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_boolean_numbers(cls, data: object) -> object:
-        """`true` where a number goes is an error at that field (`pydantic_problems` words it)."""
+        """`true` where a number goes is an error at that field (`pydantic_problems` words it), also inside
+        a mapping or list of numbers (a budget per tier, a profile's points)."""
         if not isinstance(data, dict):
             return data
         flagged = {
-            key: BooleanInput(value)
+            key: _flag_booleans(cls.model_fields[key].annotation, value)
             for key, value in data.items()
-            if isinstance(value, bool)
-            and key in cls.model_fields
-            and _numeric(cls.model_fields[key].annotation)
+            if key in cls.model_fields and isinstance(value, bool | dict | list | tuple)
         }
         return {**data, **flagged} if flagged else data
 
@@ -53,15 +52,47 @@ class BooleanInput:
 
 def _numeric(annotation: object) -> bool:
     """A field of int or float (perhaps optional), where pydantic would read true as 1."""
+    annotation = _unwrap(annotation)
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     kinds = typing.get_args(annotation) if union else (annotation,)
     return bool not in kinds and any(k in (int, float) for k in kinds)
 
 
+def _unwrap(annotation: object) -> object:
+    """The type an annotation holds, without `Annotated[...]` constraints and an `| None`."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(options) == 1:
+            return _unwrap(options[0])
+    return annotation
+
+
+def _flag_booleans(annotation: object, value: object) -> object:
+    """`value` with each true/false that stands where `annotation` wants a number marked as `BooleanInput`,
+    in mappings, lists and pairs of numbers too (nested models mark their own fields)."""
+    if isinstance(value, bool):
+        return BooleanInput(value) if _numeric(annotation) else value
+    annotation = _unwrap(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return {k: _flag_booleans(args[1], v) for k, v in value.items()}
+    if origin is list and isinstance(value, list) and args:
+        return [_flag_booleans(args[0], v) for v in value]
+    if origin is tuple and isinstance(value, list | tuple) and args:
+        kinds = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
+        return [_flag_booleans(k, v) for k, v in zip(kinds, value, strict=False)] + list(value[len(kinds) :])
+    return value
+
+
 MAX_TOKENS = 10_000_000  # longer than any model's context: a bigger token count is a typo
 MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stretch every per-second table
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
+MAX_GPUS_PER_REPLICA = 1024  # a pool's or a profile's: a larger replica is a typo
 MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
+MAX_SHARE = 1e12  # tier shares are normalised: a larger one is a typo (and their sum could overflow)
+MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -76,7 +107,9 @@ class LogNormalSpec(Spec):
     kind: Literal["lognormal"]
     median: float = Field(gt=0, le=MAX_VALUE)
     sigma: float = Field(ge=0, le=10, description="standard deviation of log(x)")
-    min: float = Field(default=0, ge=0, description="clip below (default: none; token counts are >= 1)")
+    min: float = Field(
+        default=0, ge=0, le=MAX_VALUE, description="clip below (default: none; token counts are >= 1)"
+    )
     max: float = Field(default=float("inf"), gt=0, allow_inf_nan=True, description="clip above")
 
     @model_validator(mode="after")
@@ -119,7 +152,7 @@ class PoissonSpec(Spec):
 class GammaSpec(Spec):
     kind: Literal["gamma"]
     cv: float = Field(
-        gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
+        ge=MIN_CV, le=MAX_CV, description="coefficient of variation of inter-arrival times (1 = Poisson)"
     )
 
 
@@ -136,7 +169,9 @@ class ProfileArrivalSpec(Spec):
         min_length=1,
         description="(t seconds, factor x rate_rps), piecewise linear from t = 0: ramps, spikes, drains",
     )
-    cv: float = Field(default=1.0, gt=0, le=MAX_CV, description="burstiness around the curve (1 = Poisson)")
+    cv: float = Field(
+        default=1.0, ge=MIN_CV, le=MAX_CV, description="burstiness around the curve (1 = Poisson)"
+    )
 
     @model_validator(mode="after")
     def _curve(self) -> ProfileArrivalSpec:
@@ -157,7 +192,7 @@ class DiurnalSpec(Spec):
     )
     period_s: float = Field(default=86_400.0, gt=0, le=MAX_SECONDS)
     peak_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
-    cv: float = Field(default=1.0, gt=0, le=MAX_CV)
+    cv: float = Field(default=1.0, ge=MIN_CV, le=MAX_CV)
 
 
 class TraceColumnsSpec(Spec):
@@ -169,7 +204,9 @@ class TraceColumnsSpec(Spec):
 
 
 class TraceFileSpec(Spec):
-    path: str = Field(description="trace file (relative to the scenario) or a bundled trace name")
+    path: str = Field(
+        min_length=1, description="trace file (relative to the scenario) or a bundled trace name"
+    )
     format: Literal["azure", "mooncake", "mapped"] = "mapped"
     columns: TraceColumnsSpec | None = Field(default=None, description="required for format: mapped")
     start_s: float = Field(
@@ -193,6 +230,8 @@ class TraceFileSpec(Spec):
     def _columns(self) -> TraceFileSpec:
         if self.format == "mapped" and self.columns is None:
             raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
+        if self.format != "mapped" and self.columns is not None:  # they would be ignored
+            raise ValueError(f"columns apply to format: mapped (format {self.format} reads its own columns)")
         if self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})")
         return self
@@ -215,6 +254,15 @@ class LengthRuleSpec(Spec):
     column: Literal["prompt_tokens", "output_tokens"] = "prompt_tokens"
     above: int = Field(default=0, ge=0, le=MAX_TOKENS)
     at_most: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> LengthRuleSpec:
+        """A rule for lengths > above and <= at_most matches nothing unless above < at_most."""
+        if self.at_most is not None and self.at_most <= self.above:
+            raise ValueError(
+                f"at_most ({self.at_most}) must exceed above ({self.above}): the rule would match no request"
+            )
+        return self
 
 
 class TraceTiersSpec(Spec):
@@ -254,8 +302,10 @@ class SLOSpec(Spec):
 
 
 class TierSpec(Spec):
-    name: str = Field(min_length=1)
-    share: float = Field(default=1.0, gt=0, description="fraction of arrivals (shares are normalised)")
+    name: str = Field(min_length=1, max_length=100)
+    share: float = Field(
+        default=1.0, gt=0, le=MAX_SHARE, description="fraction of arrivals (shares are normalised)"
+    )
     prompt_tokens: DistSpec | None = Field(
         default=None, description="required unless the workload is a trace"
     )
@@ -275,6 +325,16 @@ class TierSpec(Spec):
     end_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _file_name_part(cls, v: str) -> str:
+        """A tier's name is part of file names (the per-tier plots of `plot` and `compare`)."""
+        if any(c in "/\\" or not c.isprintable() for c in v):
+            raise ValueError(
+                f"{v!r} names files of its plots (`plot`, `compare`): no /, \\ or control characters"
+            )
+        return v
 
     @model_validator(mode="after")
     def _window(self) -> TierSpec:

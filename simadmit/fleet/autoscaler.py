@@ -12,6 +12,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+MAX_RECOMMENDATION = 1e9  # replicas: far above any max_replicas the schema allows
+
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerConfig:
@@ -37,11 +39,15 @@ class HorizontalAutoscaler:
         self.history: deque[tuple[float, int]] = deque()  # (time, raw recommendation)
 
     def raw_recommendation(self, current: int, metric: float) -> int:
-        """ceil(current x metric / target), or `current` when the ratio is within the tolerance."""
+        """ceil(current x metric / target), or `current` when the ratio is within the tolerance.
+
+        A ratio beyond any fleet (a tiny target: metric / target may overflow to infinity) recommends
+        `MAX_RECOMMENDATION`, which the result is clamped below anyway.
+        """
         ratio = metric / self.cfg.target
         if abs(ratio - 1.0) <= self.cfg.tolerance:
             return current
-        return math.ceil(current * ratio)
+        return math.ceil(min(current * ratio, MAX_RECOMMENDATION))
 
     def recommend(self, now: float, current: int, metric: float) -> int:
         """The replica count to run now, after stabilisation and clamping."""

@@ -75,15 +75,22 @@ class Measured:
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
-    """The run folders named: a folder holding `repeat-*` folders (from `replay --repeat`) stands for them."""
-    out = []
+    """The run folders named: a folder holding `repeat-*` folders (from `replay --repeat`) stands for them.
+
+    A run named twice (or once itself and once by its parent) is refused: it would count as two real
+    runs, each weighing in the mean and the count of the real runs.
+    """
+    out: list[Path] = []
     for p in paths:
         repeats = sorted(p.glob("repeat-*"), key=lambda d: int(d.name.split("-")[-1]))
         found = [d for d in repeats if (d / "requests.parquet").is_file()]
-        if not (p / "requests.parquet").is_file() and found:
-            out.extend(found)
-        else:
-            out.append(p)
+        for run in found if not (p / "requests.parquet").is_file() and found else [p]:
+            if any(d.resolve() == run.resolve() for d in out):
+                why = (
+                    "given twice (itself, or through the folder holding its repeats): name each real run once"
+                )
+                raise InputError([problem(run, None, why)])
+            out.append(run)
     return out
 
 

@@ -22,7 +22,8 @@ def request_table(result: RunResult, workload: Workload, world: World) -> pd.Dat
     led = result.ledger
     pool = np.asarray(led.pool)
     routed = np.asarray(world.pool_of_tier, dtype=int)[workload.tier]
-    est = np.choose(routed, result.estimates) if len(result.estimates) > 1 else result.estimates[0]
+    # each request's estimate in the pool it was routed to (np.choose takes at most 64 pools)
+    est = np.asarray(result.estimates)[routed, np.arange(len(routed))] if len(routed) else np.zeros(0)
     df = pd.DataFrame(
         {
             "request_id": np.arange(len(workload)),

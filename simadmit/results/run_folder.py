@@ -21,22 +21,23 @@ from pathlib import Path
 from simadmit.config.errors import InputError, problem
 
 MANIFEST = "manifest.json"
+DAMAGED = "damaged"  # what `held_run` calls a folder whose manifest cannot be read: a run of unknown kind
 Writer = Callable[[Path], None]  # writes one file at the path it is given
 _OURS = (".parquet", ".csv", ".json", ".yaml", ".png", ".svg")  # what a run folder and `plot` leave
 
 
 def held_run(folder: Path) -> str | None:
     """The command whose run (or report) `folder` holds: its manifest's, else what its files show (a
-    replay, a compare report, a sweep or optimize whose manifest an interrupted update removed); None when
-    it holds none."""
+    replay, a compare report, a sweep or optimize whose manifest an interrupted update removed); `DAMAGED`
+    when its manifest cannot be read; None when it holds none."""
     if not folder.is_dir():
         return None
     if (folder / MANIFEST).is_file():
         try:
             command = json.loads((folder / MANIFEST).read_text()).get("command")
         except (OSError, ValueError, AttributeError):
-            command = None  # a damaged manifest: the readers refuse the folder
-        return None if command is None else str(command)
+            command = None
+        return DAMAGED if command is None else str(command)  # a damaged run is never written over
     signs = {
         "replay": ("replay.json", "requests.parquet", "repeat-*/requests.parquet"),
         "compare": ("compare.json",),
@@ -54,11 +55,34 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
     holding another command's run is refused either way, so runs are never mixed nor replaced by another
     kind (a run of `command` itself is replaced, or resumed).
     """
+    if out.is_symlink() and (replace or not out.exists()):  # swapped in place of the link, or nowhere
+        target = os.readlink(out)
+        why = "it points nowhere" if not out.exists() else "the folder is replaced whole, the link with it"
+        raise InputError(
+            [problem(out, None, f"is a link to {target} ({why}): give --out the folder itself, or a new one")]
+        )
     if out.exists() and not out.is_dir():
         raise InputError([problem(out, None, "is a file, not a folder; give a folder for the outputs")])
     held = held_run(out)
+    if held == DAMAGED:
+        raise InputError(
+            [
+                problem(
+                    out, None, f"holds a run whose {MANIFEST} cannot be read: give --out a folder of its own"
+                )
+            ]
+        )
     if held is not None and held != command:
         raise InputError([problem(out, None, f"holds a {held} run: give --out a folder of its own")])
+    inside = next((p for p in out.resolve().parents if held_run(p) == "simulate"), None)
+    if inside is not None:  # a folder inside a simulate run: simulating it again would refuse to replace it
+        raise InputError(
+            [
+                problem(
+                    out, None, f"is inside {inside}, a simulate run's folder: give --out a folder of its own"
+                )
+            ]
+        )
     if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
     where = out.parent if replace else out
@@ -144,8 +168,8 @@ def read_manifest(directory: Path) -> dict[str, object]:
     """The manifest of a complete folder; `InputError` when it is missing or its files do not match."""
     path = directory / MANIFEST
     if not path.is_file() and (directory / "replay.json").is_file():  # complete, but never has one
-        raise InputError([problem(directory, None, "holds a replay run: plot draws simulate, sweep and optimize "
-                                  "folders; `simadmit compare SIM_DIR REPLAY_DIR --out DIR` draws a replay")])  # fmt: skip
+        raise InputError([problem(directory, None, "holds a replay run: plot draws simulate and sweep folders; "
+                                  "`simadmit compare SIM_DIR REPLAY_DIR --out DIR` draws a replay")])  # fmt: skip
     if not path.is_file():
         raise InputError([problem(directory, None, f"incomplete folder: no {MANIFEST} (written last, once every "
                                   "file is complete); run the command that writes it again")])  # fmt: skip

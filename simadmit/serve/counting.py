@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import SPECIAL, InputError, problem
 from simadmit.serve.inbound import CHAT, OpenAIRequest
 
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -37,7 +37,8 @@ class LocalTokenizer:
             why = "counting tokens locally needs the tokenizers package (pip install tokenizers)"
             raise InputError([problem(scenario, field, why)]) from None
         if not path.is_file():
-            raise InputError([problem(scenario, field, f"{path}: file not found")])
+            why = "is a folder" if path.is_dir() else SPECIAL if path.exists() else "file not found"
+            raise InputError([problem(scenario, field, f"{path}: {why}")])
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception for a malformed file

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from simadmit.config.errors import TOO_DEEP
+
 COMPLETIONS = "completions"
 CHAT = "chat"
 
@@ -55,6 +57,10 @@ def parse_body(raw: bytes, route: str, default_max_tokens: int) -> OpenAIRequest
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ClientError(400, f"request body is not valid JSON: {e}") from None
+    except ValueError:  # Python's reader refuses integers of more than 4300 digits
+        raise ClientError(400, "request body is not valid JSON: a number too long") from None
+    except RecursionError:
+        raise ClientError(400, f"request body is not valid JSON: {TOO_DEEP}") from None
     if not isinstance(body, dict):
         raise ClientError(400, "request body must be a JSON object")
     token_ids = None

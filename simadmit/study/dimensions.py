@@ -49,9 +49,15 @@ def parse_dimension(text: str) -> Dimension:
         lo, hi = float(ends[0]), float(ends[1])
     except (ValueError, IndexError):
         lo = hi = math.nan
-    if not sep or len(ends) != 2 or not lo <= hi:
+    if not sep or len(ends) != 2 or not lo <= hi or not math.isfinite(hi - lo):
         raise InputError(
-            [problem("--search", text, "expected path=lo:hi with lo <= hi, e.g. pools.0.replicas=1:16")]
+            [
+                problem(
+                    "--search",
+                    text,
+                    "expected path=lo:hi, finite numbers with lo <= hi, e.g. pools.0.replicas=1:16",
+                )
+            ]
         )
     return Dimension(path.strip(), lo, hi, "." not in raw and "e" not in raw.lower())
 

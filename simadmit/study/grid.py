@@ -23,12 +23,12 @@ from pathlib import Path
 import yaml
 
 import simadmit
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, load_yaml_text, problem
 from simadmit.config.loading import load_scenario, scenario_from_dict, trace_refs
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
 
-_RANGE = re.compile(r"^\s*(-?[\d.eE+-]+)\s*:\s*(-?[\d.eE+-]+)\s*:\s*(\d+)\s*$")
+_RANGE = re.compile(r"^([^,:\[\]{}'\"]*):([^,:\[\]{}'\"]*)(?::([^,:\[\]{}'\"]*))?$")  # lo:hi:n, or 1:4
 _MAX_PROBLEMS = 20
 MAX_POINTS = 10_000  # a grid larger than this is a typo (1:2:1000000000), not a study that could finish
 
@@ -102,6 +102,14 @@ def _tidy(value: float) -> float | int:
     return float(f"{value:.10g}")
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_param(text: str) -> Param:
     """`path=lo:hi:n` (n evenly spaced values, ends included), `path=a,b,c`, `path=[a, b]` or `path=v`.
 
@@ -113,8 +121,24 @@ def parse_param(text: str) -> Param:
     if not sep or not path or not raw.strip():
         raise InputError([problem("--param", text, "expected path=lo:hi:n or path=a,b,c")])
     m = _RANGE.match(raw)
-    if m:
-        lo, hi, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    if m and (m.group(3) is not None or _is_number(m.group(1))):
+        # never read as YAML, where 1:2:2.5 and 1:4 are base-60 numbers (3722.5 and 64)
+        ends, count = m.group(1, 2), (m.group(3) or "").strip()
+        try:
+            lo, hi = float(ends[0]), float(ends[1])
+        except ValueError:
+            lo = hi = math.nan
+        if not (math.isfinite(lo) and math.isfinite(hi) and count.isdigit()):
+            raise InputError(
+                [
+                    problem(
+                        "--param",
+                        text,
+                        "a range is lo:hi:n, two finite numbers and a whole number, e.g. 1:4:7",
+                    )
+                ]
+            )
+        n = int(count)
         if n < 1 or (n == 1 and lo != hi):
             raise InputError([problem("--param", text, "a range needs at least 2 values (lo:hi:n, n >= 2)")])
         if n > MAX_POINTS:
@@ -123,21 +147,34 @@ def parse_param(text: str) -> Param:
             )
         step = (hi - lo) / (n - 1) if n > 1 else 0.0
         values: list[object] = [_tidy(lo + i * step) for i in range(n)]
-        if all(float(x).is_integer() for x in (m.group(1), m.group(2), step)) and "." not in raw:
+        if all(float(x).is_integer() for x in (*ends, step)) and "." not in raw:
             values = [int(v) for v in values]  # type: ignore[call-overload]
+        _distinct(text, values)
         return Param(path, tuple(values))
     try:
         parsed = (
-            yaml.safe_load(raw)
+            load_yaml_text(raw)
             if raw.lstrip().startswith("[")
-            else [yaml.safe_load(v) for v in raw.split(",")]
+            else [load_yaml_text(v) for v in raw.split(",")]
         )
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # a RecursionError: nested too deeply
         raise InputError([problem("--param", text, "values are not valid YAML")]) from None
     values = parsed if isinstance(parsed, list) else [parsed]
     if not values or any(v is None for v in values):
         raise InputError([problem("--param", text, "empty value")])
+    _distinct(text, values)
     return Param(path, tuple(values))
+
+
+def _distinct(text: str, values: list[object]) -> None:
+    """Each value once: a value given twice would run its points twice, as two points of the curve."""
+    keys = [
+        float(v) if isinstance(v, int | float) and not isinstance(v, bool) else (type(v).__name__, repr(v))
+        for v in values
+    ]  # 2 and 2.0 are one value; true and 1 are not
+    twice = [v for i, v in enumerate(values) if keys[i] in keys[:i]]
+    if twice:
+        raise InputError([problem("--param", text, f"the value {twice[0]!r} is given twice")])
 
 
 def plan_sweep(

@@ -53,6 +53,9 @@ OBJECTIVES = {  # name -> (measure of "all", +1 maximise / -1 minimise, divided 
 }
 
 
+MAX_SIMULATIONS = 1_000_000  # one optimize run's: each takes a fraction of a second at the least
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     """How hard to search."""
@@ -230,10 +233,15 @@ class Search:
 
     def upper_bound(self, dims: list[Dimension]) -> int:
         """The most simulations `search_policy` can take (dropping and repeats make it fewer)."""
-        settings = 1 + self.config.rounds * sum(self.config.candidates + 1 for _ in dims)
-        per_setting = len(self.config.loads) * self.config.replications
-        fresh = self.config.fresh_seeds if dims else 0
-        return settings * per_setting + (len(self.config.loads) + 1) * fresh + 1
+        return simulations_bound(self.config, dims)
+
+
+def simulations_bound(config: SearchConfig, dims: list[Dimension]) -> int:
+    """The most simulations one policy's search, its fresh seeds and its reference can take."""
+    settings = 1 + config.rounds * sum(config.candidates + 1 for _ in dims)
+    per_setting = len(config.loads) * config.replications
+    fresh = config.fresh_seeds if dims else 0
+    return settings * per_setting + (len(config.loads) + 1) * fresh + 1
 
 
 def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
@@ -305,6 +313,16 @@ def optimize(
                 except InputError as e:
                     bad += [f"--search {d.path}={d.lo:g}:{d.hi:g}: {line}" for line in e.problems]
         plans.append((name, doc, dims))
+    total = sum(simulations_bound(config, dims) for _, _, dims in plans)
+    if total > MAX_SIMULATIONS:  # a typo (--rounds 100000000), not a search that could finish
+        bad.append(
+            problem(
+                "--rounds, --candidates, --fresh-seeds",
+                f"{config.rounds}, {config.candidates}, {config.fresh_seeds}",
+                f"up to {total:,} simulations ({len(config.loads)} loads x {config.replications} replications "
+                f"each); optimize runs at most {MAX_SIMULATIONS:,}",
+            )
+        )
     if bad:
         raise InputError(list(dict.fromkeys(bad)))
     store = PointStore(out) if out is not None else None

@@ -65,6 +65,9 @@ def _renewal_times(
     return times[times < duration_s]
 
 
+MAX_SOJOURNS = 10_000_000  # calm periods and bursts in one run
+
+
 @dataclass(frozen=True, slots=True)
 class MMPP2:
     """Two-state Markov-modulated Poisson process: bursts of `burst_factor` x the calm rate.
@@ -90,6 +93,13 @@ class MMPP2:
     def times(
         self, rng: np.random.Generator, rate: float, duration_s: float | None, count: int | None
     ) -> np.ndarray:
+        span = duration_s if duration_s is not None else (count or 0) / rate
+        switches = 2 * span / (self.calm_s + self.burst_s)
+        if switches > MAX_SOJOURNS:  # each calm period and burst is drawn: time and memory grow with them
+            raise ValueError(
+                f"arrival.calm_s {self.calm_s:g} s and burst_s {self.burst_s:g} s switch state about "
+                f"{switches:.3g} times in the run's {span:.3g} s: at most {MAX_SOJOURNS:,}; make them longer"
+            )
         rates = np.array(self.rates(rate))
         means = np.array([self.calm_s, self.burst_s])
         state = int(rng.random() < self.burst_s / (self.calm_s + self.burst_s))

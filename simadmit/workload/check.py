@@ -26,6 +26,8 @@ from simadmit.workload import arrivals, traffic
 from simadmit.workload.build import generate
 
 MAX_REQUESTS = 5_000_000  # per workload: every request of a run is held in memory
+MAX_PERIODIC_EVENTS = 10_000_000  # gateway polls or autoscaler syncs in one run: each costs simulator time
+MIN_WINDOW_S = 0.001  # the measured arrivals' shortest span: per-second rates over less are meaningless
 BYTES_PER_REQUEST = 2_000  # per request and policy: engine state, the attempts table, the request table
 
 
@@ -69,6 +71,36 @@ def _size_problem(spec: WorkloadSpec, policies: int, source: str | Path | None) 
         f"{what} (~{gib:,.0f} GiB in memory for {policies} policies); a run holds at most "
         f"{MAX_REQUESTS:,} requests: shorten the run or lower the rate",
     )
+
+
+def _periodic_problems(spec: ScenarioSpec, span_s: float, source: str | Path | None) -> list[str]:
+    """Gateway polls and autoscaler syncs repeat until the last arrival at least: a period far too short for
+    the run (0.001 s over days) would be billions of events, a run that never ends."""
+    out = []
+    g = spec.gateway
+    polls = g.replicas * span_s / g.poll_interval_s if g.poll_interval_s > 0 else 0.0
+    if polls > MAX_PERIODIC_EVENTS:
+        out.append(
+            problem(
+                source,
+                "gateway.poll_interval_s",
+                f"{g.poll_interval_s:g} s: {g.replicas} gateway replicas polling until the last arrival "
+                f"({span_s:.3g} s) make {polls:.3g} polls: at most {MAX_PERIODIC_EVENTS:,}; poll less often, or "
+                "set 0 (a live view)",
+            )
+        )
+    for i, pool in enumerate(spec.pools):
+        a = pool.autoscaler
+        if a is not None and span_s / a.sync_period_s > MAX_PERIODIC_EVENTS:
+            out.append(
+                problem(
+                    source,
+                    f"pools.{i}.autoscaler.sync_period_s",
+                    f"{a.sync_period_s:g} s until the last arrival ({span_s:.3g} s) makes "
+                    f"{span_s / a.sync_period_s:.3g} syncs: at most {MAX_PERIODIC_EVENTS:,}; sync less often",
+                )
+            )
+    return out
 
 
 def _trace_notes(spec: ScenarioSpec) -> list[str]:
@@ -127,6 +159,22 @@ def check_workload(
                     "workload.warmup_s",
                     f"every request arrives within the warm-up ({spec.workload.warmup_s:g} s; the last at "
                     f"{last:.3g} s): nothing is left to measure",
+                )
+            ]
+        )
+    last = float(workload.arrival.max())
+    periodic = _periodic_problems(spec, last, source)
+    if periodic:
+        raise InputError(periodic)
+    if last - spec.workload.warmup_s < MIN_WINDOW_S:  # the summary's window, warm-up to last arrival
+        raise InputError(
+            [
+                problem(
+                    source,
+                    "workload",
+                    f"every measured request arrives at the same instant ({last:.3g} s; within "
+                    f"{MIN_WINDOW_S * 1000:g} ms): the summary's rates (requests per second from the warm-up to "
+                    "the last arrival) would be over no time at all; give requests that arrive over some time",
                 )
             ]
         )

@@ -31,12 +31,12 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import InputError, not_found, problem
+from simadmit.config.errors import TOO_DEEP, InputError, not_found, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
 MAX_LISTED = 10  # malformed rows listed one per line; the rest are counted
-_UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+_UNIT_SECONDS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}  # ticks per second
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,14 +191,20 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
     if header is None:
         raise InputError([problem(path, None, "empty file, expected a header line")])
     _require(path, names, header)
+    twice = [n for n in names if header.count(n) > 1]
+    if twice:  # which of them is meant?
+        raise InputError([problem(path, "line 1", f"column {n!r} is in the header twice") for n in twice])
     idx = [header.index(n) for n in names]
-    for record in reader:
-        if not record:
-            continue  # blank line
-        if len(record) != len(header):
-            yield reader.line_num, [_WrongWidth(len(record), len(header))] * len(names)
-        else:
-            yield reader.line_num, [record[i] for i in idx]
+    try:
+        for record in reader:
+            if not record:
+                continue  # blank line
+            if len(record) != len(header):
+                yield reader.line_num, [_WrongWidth(len(record), len(header))] * len(names)
+            else:
+                yield reader.line_num, [record[i] for i in idx]
+    except csv.Error as e:  # a field past the csv module's limit (131,072 characters): no trace has one
+        raise InputError([problem(path, f"line {reader.line_num}", f"not a CSV record ({e})")]) from None
 
 
 def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
@@ -206,14 +212,32 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, parse_constant=_JSONConstant)  # NaN, Infinity: named as written, not a gap
+            obj = json.loads(text, parse_constant=_JSONConstant, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             yield line, [_NotJSON(e.msg)] * len(names)
+            continue
+        except ValueError as e:  # a key given twice; an integer of thousands of digits
+            yield line, [_NotJSON(str(e) if isinstance(e, _Refused) else "a number too long")] * len(names)
+            continue
+        except RecursionError:
+            yield line, [_NotJSON(TOO_DEEP)] * len(names)
             continue
         if not isinstance(obj, dict):
             yield line, [_NotJSON("not a JSON object")] * len(names)
         else:
             yield line, [obj.get(n, _MISSING) for n in names]
+
+
+class _Refused(ValueError):
+    """A key given twice in a JSON line: Python's reader would keep the last silently."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        twice = next(k for i, (k, _) in enumerate(pairs) if k in (p for p, _ in pairs[:i]))
+        raise _Refused(f"key {twice!r} given twice")
+    return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,8 +308,15 @@ def _parse(
 
 
 def _is_missing(v: object) -> bool:
-    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT."""
-    return v is _MISSING or v is None or v is pd.NaT or v == "" or (isinstance(v, float) and math.isnan(v))
+    """Absent key, JSON null, empty CSV field, or a null read from Parquet as NaN/NaT (a Parquet list
+    cell is an array, which `== ""` would compare element by element)."""
+    return (
+        v is _MISSING
+        or v is None
+        or v is pd.NaT
+        or (isinstance(v, str) and v == "")
+        or (isinstance(v, float) and math.isnan(v))
+    )
 
 
 def _numbers(values: list[object]) -> np.ndarray:
@@ -297,20 +328,25 @@ def _numbers(values: list[object]) -> np.ndarray:
 def _times(values: list[object], unit: str) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times as seconds relative to the earliest valid one, and which rows are valid.
 
-    Differences are taken in the file's own unit (integer nanoseconds for date-times) before converting
-    to seconds, so e.g. 1500 ms after the first request is exactly 1.5 s.
+    Differences are taken in the file's own unit (integer ticks for date-times) before converting
+    to seconds, so e.g. 1500 ms after the first request is exactly 1.5 s. Rows that are not valid get
+    meaningless times (`ok` is False for them).
     """
     series = pd.Series([None if v is _MISSING else v for v in values], dtype=object)
     if unit == "datetime":
         stamps = pd.to_datetime(series, format="ISO8601", errors="coerce", utc=True)
         ok = stamps.notna().to_numpy()
-        ns = stamps.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]").view(np.int64)
-        t0 = ns[ok].min() if ok.any() else 0
-        return (ns - t0) / 1e9, ok
+        naive = stamps.dt.tz_convert(None).to_numpy()  # in the unit pandas parsed at: ns or us
+        ticks = naive.view(np.int64)  # never cast to ns: a date beyond 1677-2262 would wrap silently
+        t0 = ticks[ok].min() if ok.any() else 0
+        per_s = _UNIT_SECONDS[np.datetime_data(naive.dtype)[0]]
+        # in unsigned arithmetic: stamps centuries apart differ by more than int64 holds
+        return (ticks.view(np.uint64) - np.int64(t0).view(np.uint64)) / per_s, ok
     num = _numbers(values)
     ok = np.isfinite(num)
     t0 = num[ok].min() if ok.any() else 0.0
-    return (num - t0) / _UNIT_SECONDS[unit], ok
+    with np.errstate(over="ignore"):  # times 1e308 apart: infinite, refused as a span too long
+        return (num - t0) / _UNIT_SECONDS[unit], ok
 
 
 # --- replay options -------------------------------------------------------------------------------------
@@ -322,7 +358,8 @@ def _replay(frame: pd.DataFrame, o: TraceOptions) -> pd.DataFrame:
     t = t - t[0] if len(t) else t  # the first valid request is 0 only after dropping malformed rows
     if o.bucket_jitter:
         t = _jitter(t, np.random.default_rng([o.seed, 1]))
-    keep = (t >= o.start_s) & (t < o.end_s)
+    # a time past float's range (timestamps 1e308 apart) stays, so that the span check refuses it
+    keep = (t >= o.start_s) & ((t < o.end_s) | (np.isposinf(t) & math.isinf(o.end_s)))
     if o.sample < 1:
         keep &= np.random.default_rng([o.seed, 0]).random(len(t)) < o.sample
     out = frame.loc[keep].reset_index(drop=True)

@@ -333,3 +333,17 @@ def test_a_models_list_beside_odd_version_and_tokenize_answers_is_still_an_endpo
             return endpoint.vllm_version, await tokenize(client, endpoint, "hello")
 
     assert asyncio.run(ask()) == ("unknown", None)
+
+
+def test_a_key_in_the_endpoint_url_is_not_written_down(tmp_path: Path) -> None:
+    """An endpoint given as `http://user:key@host` sends its credentials, but the run's folder names the
+    endpoint without them: a key does not travel with results that are shared."""
+    spec = scenario_from_dict(scenario_doc(), tmp_path / "s.yaml")
+    with fake_server(ttft_s=0.01, itl_s=0.001) as server:
+        url = server.url.replace("http://", "http://user:sk-secret-3@")
+        run = replay(make_plan(spec, tmp_path), ReplayConfig(url), random.Random(6))
+    write_run(run, spec, tmp_path, tmp_path / "out", "real")
+    facts = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert facts["endpoint"] == server.url
+    for path in (tmp_path / "out").iterdir():
+        assert b"sk-secret-3" not in path.read_bytes(), path.name

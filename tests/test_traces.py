@@ -248,6 +248,23 @@ def test_mapping_reads_jsonl_parquet_and_gzip_with_a_tier(tmp_path: Path) -> Non
     assert same["prompt_tokens"].tolist() == same["output_tokens"].tolist() == [10, 20, 30]
 
 
+def test_a_tier_column_of_numbers_names_the_same_tiers_in_every_format(tmp_path: Path) -> None:
+    """CSV reads a tier written `1` as the text "1"; a Parquet or JSON column of the same numbers names the
+    same tiers (it was refused as "not a non-empty string"), while true/false and fractions stay refused."""
+    rows = pd.DataFrame({"ts": [5.0, 6.0, 8.0], "in": [10, 20, 30], "out": [1, 2, 3], "class": [1, 2, 1]})
+    columns = Columns("ts", "in", "out", tier="class")
+    paths = {"csv": tmp_path / "t.csv", "jsonl": tmp_path / "t.jsonl", "parquet": tmp_path / "t.parquet"}
+    rows.to_csv(paths["csv"], index=False)
+    rows.to_json(paths["jsonl"], orient="records", lines=True)
+    rows.to_parquet(paths["parquet"])
+    for path in paths.values():
+        assert load_trace(path, columns).frame["tier"].tolist() == ["1", "2", "1"], path
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ts": 1, "in": 5, "out": 1, "class": 1}\n{"ts": 2, "in": 5, "out": 1, "class": true}\n')
+    with pytest.raises(InputError, match="line 2: class True is not a non-empty string or whole number"):
+        load_trace(bad, columns)
+
+
 # --- malformed input ---------------------------------------------------------------------------------
 
 BAD_CSV = "t,p,o\n1,10,5\n2,abc,5\n\n3,10,5\n4,10\n5,10,0\n"

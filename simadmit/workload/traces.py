@@ -290,8 +290,8 @@ def _parse(
             arr, ok = _times(values, unit)
             what = "is not a date-time" if unit == "datetime" else "is not a finite number"
         elif field == "tier":
-            arr = np.array([v if isinstance(v, str) else "" for v in values], dtype=object)
-            ok, what = arr != "", "is not a non-empty string"
+            arr = np.array([_tier_name(v) for v in values], dtype=object)
+            ok, what = arr != "", "is not a non-empty string or whole number"
         else:
             num = _numbers(values)
             too_big = np.isfinite(num) & (num > MAX_TOKENS)  # longer than any context: a typo or garbage
@@ -305,6 +305,16 @@ def _parse(
                 text = f"{v!r} is more than {MAX_TOKENS:,} tokens"
             bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
+
+
+def _tier_name(v: object) -> str:
+    """A tier as named in the file: text, or a whole number written as one (CSV reads `1` as the text "1",
+    so a Parquet or JSON column of numbers names the same tier); "" for anything else."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int | np.integer) and not isinstance(v, bool):
+        return str(v)
+    return ""
 
 
 def _is_missing(v: object) -> bool:

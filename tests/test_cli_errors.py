@@ -268,6 +268,17 @@ SIM_CASES = [
         fragment="skipped 2 malformed rows",
     ),
     Case(
+        "trace-with-a-rate-and-lengths-set-anyway",  # ran silently on the trace's own rate and lengths
+        lambda d: (
+            _trace_workload()(d),
+            d["workload"].update(rate_rps=50),
+            d["workload"]["tiers"][0].update(prompt_tokens={"kind": "fixed", "value": 9}),
+        ),
+        files={"trace.csv": AZURE_OK},
+        code=0,
+        fragment="note: workload.rate_rps, workload.tiers.0.prompt_tokens: not used when replaying a trace",
+    ),
+    Case(
         "trace-bom-crlf-trailing-blank-lines",
         _trace_workload(),
         files={"trace.csv": "\ufeff" + AZURE_OK.replace("\n", "\r\n") + "\r\n\r\n"},

@@ -117,6 +117,31 @@ def _trace_notes(spec: ScenarioSpec) -> list[str]:
     return notes
 
 
+def _unused_by_a_trace(spec: ScenarioSpec) -> list[str]:
+    """One line naming what a trace replay leaves unused that the scenario set anyway (the trace's rows give
+    the times and lengths), so a rate or a length distribution set by habit is not taken to act."""
+    w = spec.workload
+    if w.trace is None:
+        return []
+    unused = [
+        name
+        for name, value in (("rate_rps", w.rate_rps), ("arrival", w.arrival))
+        if value != WorkloadSpec.model_fields[name].default
+    ]
+    unused += [
+        f"tiers.{i}.{field}"
+        for i, tier in enumerate(w.tiers)
+        for field in ("prompt_tokens", "output_tokens", "max_tokens")
+        if getattr(tier, field) is not None
+    ]
+    if not unused:
+        return []
+    return [
+        f"workload.{', workload.'.join(unused)}: not used when replaying a trace (its rows give the times and "
+        "lengths; workload.rate_multiplier scales its rate, workload.trace.max_tokens sets what clients ask for)"
+    ]
+
+
 def check_workload(
     spec: ScenarioSpec, source: str | Path | None = None, seed: int | None = None
 ) -> list[str]:
@@ -139,7 +164,7 @@ def check_workload(
                 )
             ]
         )
-    notes = _trace_notes(spec)
+    notes = _unused_by_a_trace(spec) + _trace_notes(spec)
     try:
         workload = generate(spec.workload, seed)
     except ValueError as e:  # a rule of the arrival generators the schema did not foresee

@@ -1922,20 +1922,21 @@ def test_input_error_crosses_process_boundaries_whole() -> None:
 
 def test_a_bad_trace_of_one_sweep_point_is_refused_before_any_point_runs(tmp_path: Path) -> None:
     """Every point's traces are read before the sweep starts: a malformed row of one point's trace is the
-    one line `simulate` prints, naming the point, exit code 2, and no point runs (none is saved)."""
+    one line `simulate` prints, naming the first point it was found in (once, though two points read it),
+    exit code 2, and no point runs (none is saved)."""
     (tmp_path / "good.csv").write_text(AZURE_OK)
     (tmp_path / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
     doc = copy.deepcopy(BASE)
     _trace_workload("good.csv")(doc)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     result = simadmit(
-        "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv,bad.csv",
-        "--jobs", "2", "--out", str(tmp_path / "out"), timeout=180,
+        "sweep", str(tmp_path / "s.yaml"), "--param", "workload.trace.path=good.csv,bad.csv",
+        "--param", "workload.rate_multiplier=1,2", "--jobs", "2", "--out", str(tmp_path / "out"), timeout=180,
     )  # fmt: skip
     assert_outcome(
         result,
         2,
-        "point {'workload.trace.path': 'bad.csv'}: "
+        "point {'workload.trace.path': 'bad.csv', 'workload.rate_multiplier': 1}: "
         f"{tmp_path / 'bad.csv'}: line 4: ContextTokens 'abc' is not a whole number >= 1",
     )
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]

@@ -11,6 +11,7 @@ import pytest
 from simadmit.calibrate.cli import parse_duration
 from simadmit.calibrate.launch import free_port
 from simadmit.config.errors import InputError
+from tests.fake_vllm import FakeVllm
 
 
 def calibrate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -103,3 +104,18 @@ def test_check_with_invalid_profile_names_the_field(tmp_path: Path) -> None:
     result = calibrate("check", str(bad), "--endpoint", "http://127.0.0.1:1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "step_time" in result.stderr and "required field is missing" in result.stderr
+
+
+def test_a_key_in_the_endpoint_url_is_neither_written_nor_printed(tmp_path: Path) -> None:
+    """A calibration against `http://user:key@host` (a short one, against a fake vLLM) writes its profile and
+    measurements, and neither they nor its output hold the key: profiles are shared, keys are not."""
+    with FakeVllm() as server:
+        url = server.url.replace("http://", "http://user:sk-secret-9@")
+        out = tmp_path / "p.yaml"
+        result = calibrate("--endpoint", url, "--out", str(out), "--budget", "30s", "--max-concurrency", "4",
+                           timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert server.url.removeprefix("http://") in out.read_text()  # the endpoint is named, without the key
+    for path in tmp_path.iterdir():
+        assert b"sk-secret-9" not in path.read_bytes(), path.name
+    assert "sk-secret-9" not in result.stdout + result.stderr

@@ -354,7 +354,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     }
     profile = build_profile(cfg, endpoint, cache, fit, warnings, extra)
     header = (
-        f"Calibrated by `simadmit calibrate` against {endpoint.model} at {endpoint.base_url}.\n"
+        f"Calibrated by `simadmit calibrate` against {endpoint.model} at {without_credentials(endpoint.base_url)}.\n"
         f"Raw measurements: {csv_path.name} (one row per request attempt)."
     )
     try:

@@ -99,6 +99,11 @@ class Endpoint:
     max_model_len: int
     vllm_version: str
 
+    @property
+    def shown_url(self) -> str:
+        """`base_url` as messages and written files name it: without a key (`without_credentials`)."""
+        return without_credentials(self.base_url)
+
 
 def normalize_base_url(url: str, option: str = "--endpoint") -> str:
     """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL with a host and a

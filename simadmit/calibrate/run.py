@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from simadmit.calibrate.api_latency import measure_api_latency
-from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize, without_credentials
+from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
 from simadmit.calibrate.deadline import Stalls, stall_after_s
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
@@ -75,7 +75,7 @@ async def _connect(client: httpx.AsyncClient, cfg: CalibrationConfig) -> tuple[E
                 problem(
                     None,
                     "--endpoint",
-                    f"{without_credentials(endpoint.base_url)}/metrics has no vllm:cache_config_info: not a vLLM server?",
+                    f"{endpoint.shown_url}/metrics has no vllm:cache_config_info: not a vLLM server?",
                 )
             ]
         )
@@ -110,7 +110,7 @@ def check_out(out: Path, resume: bool) -> None:
 def server_identity(cfg: CalibrationConfig, endpoint: Endpoint, cache: CacheConfig) -> str:
     """What was measured, as each row records it: the server (its URL; a launched one has a new port each
     time) and the settings that shape its timings. `--resume` continues only rows of the same."""
-    where = "launched" if cfg.launched else without_credentials(endpoint.base_url)
+    where = "launched" if cfg.launched else endpoint.shown_url
     return (
         f"endpoint={where} vllm={endpoint.vllm_version} max_model_len={endpoint.max_model_len} "
         f"kv_block_size={cache.block_size} engines={cache.engines} max_num_seqs={cfg.max_num_seqs} "
@@ -303,7 +303,7 @@ def build_profile(
         tensor_parallel=cfg.gpus,
         kv_block_size=cache.block_size,
         api_latency_s=api_latency_s(fit),
-        source=f"measured by simadmit calibrate at {without_credentials(endpoint.base_url)} (vLLM {endpoint.vllm_version}) on {today}",
+        source=f"measured by simadmit calibrate at {endpoint.shown_url} (vLLM {endpoint.vllm_version}) on {today}",
         fit={**fit.report(), **extra_fit},
         warnings=tuple(warnings),
     )
@@ -320,7 +320,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         endpoint, cache = await _connect(client, cfg)
         console.print(
-            f"endpoint {without_credentials(endpoint.base_url)}: model {endpoint.model}, context {endpoint.max_model_len} tokens, "
+            f"endpoint {endpoint.shown_url}: model {endpoint.model}, context {endpoint.max_model_len} tokens, "
             f"KV cache {cache.capacity_tokens} tokens ({cache.num_blocks} blocks x {cache.block_size}), vLLM {endpoint.vllm_version}"
         )
         latency = await measure_api_latency(client, endpoint)  # on the idle server, before the load
@@ -354,7 +354,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     }
     profile = build_profile(cfg, endpoint, cache, fit, warnings, extra)
     header = (
-        f"Calibrated by `simadmit calibrate` against {endpoint.model} at {without_credentials(endpoint.base_url)}.\n"
+        f"Calibrated by `simadmit calibrate` against {endpoint.model} at {endpoint.shown_url}.\n"
         f"Raw measurements: {csv_path.name} (one row per request attempt)."
     )
     try:

@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simadmit.calibrate.client import without_credentials
 from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import ScenarioSpec
 from simadmit.loadgen.run import ReplayRun
@@ -150,7 +149,7 @@ def run_facts(run: ReplayRun, req: pd.DataFrame) -> dict[str, object]:
     outcomes = first["outcome"].value_counts()
     overhead = {k: v for k, v in run.overhead.items() if k != "handling_ms_per_request"}
     return {
-        "endpoint": without_credentials(run.endpoint.base_url),  # a key is never written down
+        "endpoint": run.endpoint.shown_url,  # a key is never written down
         "model": run.endpoint.model,
         "vllm_version": run.endpoint.vllm_version,
         "seed": run.plan.seed,

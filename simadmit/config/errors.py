@@ -114,9 +114,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml_text(text: str) -> object:
-    """YAML text read as `read_yaml` reads a file (a key given twice, a value its tag cannot take: a
-    `yaml.YAMLError`); a `--set` value, a `--param` value."""
-    return yaml.load(text, _UniqueKeyLoader)
+    """YAML text read as `read_yaml` reads a file (a key given twice, a value its tag cannot take, nesting
+    deeper than the parser's recursion: a `yaml.YAMLError`); a `--set` value, a `--param` value."""
+    try:
+        return yaml.load(text, _UniqueKeyLoader)
+    except RecursionError:  # the parser recurses once per level of brackets or indentation
+        raise yaml.YAMLError(TOO_DEEP) from None
 
 
 def not_found(path: Path, what: str) -> str:
@@ -147,8 +150,6 @@ def read_yaml(path: str | Path, what: str) -> object:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
-    except RecursionError:  # the parser recurses once per level of brackets or indentation
-        raise InputError([problem(path, None, f"not valid YAML ({TOO_DEEP})")]) from None
 
 
 def read_mapping(path: str | Path, what: str) -> dict:

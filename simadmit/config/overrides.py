@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from simadmit.config.errors import TOO_DEEP, InputError, load_yaml_text, problem
+from simadmit.config.errors import InputError, load_yaml_text, problem
 
 
 def parse_assignments(values: Iterable[str]) -> dict[str, object]:
@@ -34,8 +34,6 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
             out[key.strip()] = load_yaml_text(raw)
         except yaml.YAMLError as e:
             bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
-        except RecursionError:
-            bad.append(problem("--set", item, f"not valid YAML ({TOO_DEEP})"))
     if bad:
         raise InputError(bad)
     return out

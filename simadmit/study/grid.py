@@ -157,7 +157,7 @@ def parse_param(text: str) -> Param:
             if raw.lstrip().startswith("[")
             else [load_yaml_text(v) for v in raw.split(",")]
         )
-    except (yaml.YAMLError, RecursionError):  # a RecursionError: nested too deeply
+    except yaml.YAMLError:
         raise InputError([problem("--param", text, "values are not valid YAML")]) from None
     values = parsed if isinstance(parsed, list) else [parsed]
     if not values or any(v is None for v in values):

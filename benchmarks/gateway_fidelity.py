@@ -12,7 +12,9 @@ them in turn, as a round-robin load balancer sends them), the request list is re
 with fresh gateways each time (in rounds, every point once per round, so the machine's drift over the hour
 spreads over every point), the request list the first repeat sent (`replayed.yaml`) is simulated with the
 same gateway replicas and poll interval over SIM_DRAWS draws of the clients' jitter, and `compare` sets them
-side by side: rejection rate and latencies of admitted requests.
+side by side: rejection rate and latencies of admitted requests. The live gateway's own latency (reading a
+request, proxying it there and back) is measured once on the idle server, lone requests through a gateway
+against straight to the server, and set as `gateway.latency_s` on both sides (`--gateway-latency` gives it).
 
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
@@ -38,6 +40,7 @@ report under OUT/<policy>-g<gateways>-<load>/.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -75,6 +78,8 @@ from benchmarks.fidelity import (  # noqa: E402
 )
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
 from simadmit.admission.published import prior_price  # noqa: E402
+from simadmit.calibrate.api_latency import measure_gateway_latency  # noqa: E402
+from simadmit.calibrate.client import discover  # noqa: E402
 from simadmit.config.loading import load_scenario, scenario_from_dict  # noqa: E402
 from simadmit.config.schema import ScenarioSpec  # noqa: E402
 from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
@@ -118,13 +123,15 @@ def scenario(
     gateways: int,
     seed: int = 11,
     tiers: tuple[dict, ...] = TIERS,
+    latency_s: float = 0.0,
 ) -> dict:
-    """The workload (`tiers`, the chat tier by default) at `rate` through `gateways` replicas of `policy`."""
+    """The workload (`tiers`, the chat tier by default) at `rate` through `gateways` replicas of `policy`,
+    each adding `latency_s` of its own to every request (`gateway.latency_s`)."""
     return {
         "name": f"gateway-fidelity-{policy}-g{gateways}",
         "workload": {"seed": seed, "rate_rps": float(rate), "duration_s": float(duration_s), "tiers": list(tiers)},
         "pools": [{"name": "cpu", "profile": str(profile), "replicas": 1}],
-        "gateway": {"replicas": gateways, "poll_interval_s": POLL_S},
+        "gateway": {"replicas": gateways, "poll_interval_s": POLL_S, "latency_s": latency_s},
         "clients": {"max_retries": 2, "honor_retry_after": True,
                     "backoff": {"base_s": 1.0, "cap_s": 20.0, "jitter": "full"}},
         "policies": [policy_doc(policy, [t["name"] for t in tiers])],
@@ -153,6 +160,21 @@ def capacity(
     run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
     done = [a.result for a in run.attempts if a.result.status == "ok"]
     return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
+
+
+def gateway_latency(url: str, profile: Path, work: Path, requests: int = 12) -> float:
+    """The live gateway's own latency (`measure_gateway_latency`): lone short requests through one gateway
+    process and straight to the server, in turns, on the idle server; 0 when it cannot be measured."""
+    path = write_scenario(scenario(profile, 1.0, 1.0, "gpu_seconds", 1), work / "gateway-latency.yaml")
+
+    async def measure(gateway: str) -> float | None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            endpoint = await discover(client, url, None)
+            return await measure_gateway_latency(client, endpoint, gateway, requests)
+
+    with gateways(path, url, "gpu_seconds", 1, work / "gateway-latency-logs") as urls:
+        measured = asyncio.run(measure(urls[0]))
+    return 0.0 if measured is None else measured
 
 
 def free_port() -> int:
@@ -345,9 +367,10 @@ def prepare_point(
     duration_s: float,
     out: Path,
     tiers: tuple[dict, ...] = TIERS,
+    latency_s: float = 0.0,
 ) -> Planned:
     """Write the point's scenario under `out` and plan its requests (the same list for every repeat)."""
-    doc = scenario(profile, rate, duration_s, policy, n_gateways, tiers=tiers)
+    doc = scenario(profile, rate, duration_s, policy, n_gateways, tiers=tiers, latency_s=latency_s)
     path = write_scenario(doc, out / "scenario.yaml")
     spec, base = load_scenario(path)
     return Planned(out, path, spec, base, make_plan(spec, base), policy, n_gateways)
@@ -477,6 +500,8 @@ def main() -> None:
     ap.add_argument("--calibrate-budget", default="3m")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
     ap.add_argument("--workload", type=Path, help="a scenario whose tiers replace the chat tier")
+    ap.add_argument("--gateway-latency", type=float, help="the gateways' own latency in seconds instead of "
+                    "measuring it (0: simulated gateways that add none)")  # fmt: skip
     ap.add_argument("--tabulate", action="store_true", help="print the table of the runs already in --out")
     args = ap.parse_args()
     if args.tabulate:
@@ -502,9 +527,13 @@ def main() -> None:
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
         reference = speed_probe(url, profile, args.out)
         print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
+        latency = args.gateway_latency
+        if latency is None:
+            latency = gateway_latency(url, profile, args.out)
+        print(f"gateway latency: {1e3 * latency:.1f} ms per request (gateway.latency_s)", flush=True)
         points = [
             (policy, n, load, prepare_point(profile, policy, n, load * cap, args.duration,
-                                            args.out / f"{policy}-g{n}-{load:g}", tiers))
+                                            args.out / f"{policy}-g{n}-{load:g}", tiers, latency))
             for policy in args.policies.split(",")
             for n in (int(x) for x in args.gateways.split(","))
             for load in (float(x) for x in args.loads.split(","))
@@ -529,7 +558,8 @@ def main() -> None:
                 print(rows[-1], flush=True)
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
-              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; {args.repeats} "
+              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; gateway latency "
+              f"{1e3 * latency:.1f} ms; {args.repeats} "
               f"repeats of {args.duration:.0f} s; probe: a lone request's time before each repeat over its time after "
               f"calibrating; cells: sim / real mean (real range)")  # fmt: skip
     text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"

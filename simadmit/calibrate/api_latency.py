@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+from dataclasses import replace
 
 import httpx
 
@@ -39,18 +40,24 @@ async def _engine_time(client: httpx.AsyncClient, base_url: str) -> tuple[float,
 
 
 async def ttft_split(
-    client: httpx.AsyncClient, endpoint: Endpoint, prompt: list[int] | str, timeout_s: float = 60.0
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    prompt: list[int] | str,
+    timeout_s: float = 60.0,
+    engine_url: str | None = None,
 ) -> tuple[float, float] | None:
     """Send one request (one output token) to the idle server: (its TTFT as the client saw it, the engine's
-    queue + prefill time for it), or None when the server's clocks did not count exactly this request."""
-    before = await _engine_time(client, endpoint.base_url)
+    queue + prefill time for it), or None when the server's clocks did not count exactly this request.
+    `engine_url`: the server whose clocks to read, when `endpoint` is a gateway in front of it."""
+    clocks = engine_url or endpoint.base_url
+    before = await _engine_time(client, clocks)
     if before is None:
         return None
     attempt = await stream_completion(client, endpoint, prompt, 1, timeout_s)
     if attempt.status != "ok":
         return None
     for _ in range(20):  # the finished request reaches the histograms moments after its last byte
-        after = await _engine_time(client, endpoint.base_url)
+        after = await _engine_time(client, clocks)
         if after is None:
             return None
         if after[1] - before[1] >= 1:
@@ -71,3 +78,24 @@ async def measure_api_latency(
         if split is not None:
             outside.append(max(0.0, split[0] - split[1]))
     return statistics.median(outside) if 2 * len(outside) >= requests else None
+
+
+async def measure_gateway_latency(
+    client: httpx.AsyncClient, backend: Endpoint, gateway_url: str, requests: int = REQUESTS
+) -> float | None:
+    """A gateway's own latency (`gateway.latency_s`): the median time outside the engine of lone short
+    requests sent through the gateway at `gateway_url`, less that of the same requests sent straight to
+    `backend` (taken in turns, so a drifting machine weighs on both alike); never below zero. None when
+    fewer than half of either could be measured."""
+    through = replace(backend, base_url=gateway_url)
+    prompts = PromptMaker(await tokenize(client, backend, SAMPLE_TEXT), random.Random())
+    direct: list[float] = []
+    gateway: list[float] = []
+    for _ in range(requests):
+        for way, times in ((backend, direct), (through, gateway)):
+            split = await ttft_split(client, way, prompts.make(PROMPT_TOKENS), engine_url=backend.base_url)
+            if split is not None:
+                times.append(split[0] - split[1])
+    if 2 * min(len(direct), len(gateway)) < requests:
+        return None
+    return max(0.0, statistics.median(gateway) - statistics.median(direct))

@@ -247,6 +247,15 @@ class GatewaySpec(Spec):
         "as published at the end of each engine step plus its own books, other gateways' requests priced "
         "at its mean estimate; exact = every engine's current state and all gateways' exact charges",
     )
+    latency_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60.0,
+        description="a request's way through the gateway process itself (reading it, counting its tokens, "
+        "the proxy hops to the backend and back), beyond the API server's: part of every first token and "
+        "end a client sees, and of every first token a gateway predicts; measured as lone requests' time "
+        "to first token through the gateway less straight to a backend",
+    )
     http: GatewayHttpSpec = Field(
         default_factory=GatewayHttpSpec, description="the live gateway's HTTP settings"
     )

@@ -40,7 +40,6 @@ from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
 from simadmit.admission.predictive import StatefulPolicy
 from simadmit.admission.published import prior_price
-from simadmit.admission.view import EngineModel
 from simadmit.serve.backends import Backend, Flight, LivePool, parse_poll
 from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
 from simadmit.serve.inbound import (
@@ -81,10 +80,7 @@ class GatewayServer:
         world = s.world
         g = world.gateway
         learner, correction = output_learning(g.estimate_output)
-        engines = [
-            EngineModel.of(p.gateway_profile, p.limits.max_num_batched_tokens, p.priorities)
-            for p in world.pools
-        ]  # what an engine-aware policy predicts with, as in the simulator
+        engines = world.engine_models()  # what an engine-aware policy predicts with, as in the simulator
         self.gateway = Gateway(
             s.policy,
             [p.estimator for p in world.pools],

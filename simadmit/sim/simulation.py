@@ -116,7 +116,7 @@ class Simulation(RequestListener):
                     CostEstimator.from_profile(cfg.gateway_profile), cfg.priorities,
                 )
             )  # fmt: skip
-        self.api_latency = [cfg.api_latency_s for cfg in world.pools]  # engine time -> what clients see
+        self.api_latency = [world.seen_latency_s(p) for p in range(len(world.pools))]  # engine -> client
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
         self.charged = [
             CostEstimator.from_profile(cfg.gateway_profile).estimate_many(
@@ -128,10 +128,7 @@ class Simulation(RequestListener):
         self.oracle = g.estimate_output == "oracle"  # a study's bound: the gateway charges the true output
         estimators = [CostEstimator.from_profile(cfg.gateway_profile) for cfg in world.pools]
         limits = [cfg.max_request_tokens for cfg in world.pools]
-        engines = [
-            EngineModel.of(cfg.gateway_profile, cfg.limits.max_num_batched_tokens, cfg.priorities)
-            for cfg in world.pools
-        ]
+        engines = world.engine_models()
         if isinstance(policy, StatefulPolicy) and policy.central:  # one counter for all, new every run
             policy = policy.fresh()
         self.gateways = [self._gateway(policy, estimators, limits, engines) for _ in range(g.replicas)]
@@ -286,7 +283,8 @@ class Simulation(RequestListener):
 
     def _abandon(self, rid: int) -> None:
         """The client's timeout: give up unless a first token has reached it. One the engine produced but
-        still on its way through the API server (`api_latency_s`) comes too late: it is never seen."""
+        still on its way through the API server and the gateway (`seen_latency_s`) comes too late: it is
+        never seen."""
         led = self.ledger
         if led.outcome[rid] != PENDING or led.first_token[rid] <= self.env.now:
             return

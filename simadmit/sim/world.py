@@ -7,13 +7,14 @@ limits, gateway and client settings, and one `AdmissionPolicy` object per policy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simadmit.admission import baselines, policies
 from simadmit.admission.client import ClientConfig
 from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.predictive import GpuSecondsOnRemaining, PredictedTtft
+from simadmit.admission.view import EngineModel
 from simadmit.config.defaults import DEFAULT_BUDGETS_S
 from simadmit.config.profile import Profile, load_profile
 from simadmit.config.resources import resolve_profile
@@ -64,7 +65,7 @@ class PoolConfig:
     @property
     def api_latency_s(self) -> float:
         """What a client sees beyond the engine's times (an API server's way in and out; a classical
-        server has none)."""
+        server has none), before the gateway's own latency."""
         return self.profile.api_latency_s if self.service is None else 0.0
 
 
@@ -77,6 +78,7 @@ class GatewayConfig:
     estimate_output: str = "max_tokens"
     shed_lost_deadlines: bool | None = None  # None: as the policy says
     view: str = "metrics"  # what each gateway polls: the published gauges and its books, or the exact state
+    latency_s: float = 0.0  # a request's way through the gateway process and its proxy hops
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,20 @@ class World:
     tier_ttft_slo: tuple[float, ...]
     tier_e2e_slo: tuple[float, ...]
     warmup_s: float
+
+    def seen_latency_s(self, p: int) -> float:
+        """What a client of pool `p` (and the gateway streaming its answer) sees beyond the engine's times:
+        the API server's way in and out, and the gateway's own."""
+        return self.pools[p].api_latency_s + self.gateway.latency_s
+
+    def engine_models(self) -> list[EngineModel]:
+        """What an engine-aware policy predicts each pool's engines with, simulated and live alike: the
+        profile the gateways believe, its first tokens as late as the gateway's own latency makes them."""
+        models = [
+            EngineModel.of(p.gateway_profile, p.limits.max_num_batched_tokens, p.priorities)
+            for p in self.pools
+        ]
+        return [replace(m, api_latency_s=m.api_latency_s + self.gateway.latency_s) for m in models]
 
 
 def build_policy(
@@ -199,6 +215,7 @@ def build_world(spec: ScenarioSpec, base: Path) -> World:
             g.estimate_output,
             g.shed_lost_deadlines,
             g.view,
+            g.latency_s,
         ),
         clients=ClientConfig(
             c.max_retries,

@@ -96,13 +96,21 @@ def test_the_live_gateway_learns_under_every_estimate_the_simulator_has(
     asyncio.run(main())
 
 
-def test_the_live_gateway_refuses_the_oracle(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("estimate_output", "oracle", "oracle charges each request its true output, which a live gateway"),
+        ("dispatch", "central", "central (holding admitted requests in the gateway until a batch slot"),
+        ("view", "exact", "exact (every engine's current state) is a study's bound"),
+    ],
+)
+def test_the_live_gateway_refuses_what_only_a_simulation_can_do(
+    tmp_path: Path, field: str, value: str, why: str
+) -> None:
+    """Settings a deployed gateway cannot honour stop it at start, named, rather than run as something else."""
     with pytest.raises(InputError) as e:
-        make_server(tmp_path, ["http://127.0.0.1:9"], gateway__estimate_output="oracle")
-    assert e.value.problems[0].endswith(
-        "gateway.estimate_output: oracle charges each request its true output, which a live gateway cannot "
-        "know beforehand"
-    )
+        make_server(tmp_path, ["http://127.0.0.1:9"], **{f"gateway__{field}": value})
+    assert len(e.value.problems) == 1 and f"gateway.{field}: {why}" in e.value.problems[0]
 
 
 @pytest.mark.parametrize(

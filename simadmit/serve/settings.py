@@ -99,9 +99,20 @@ def serve_settings(
     spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, source: Path | None = None
 ) -> ServeSettings:
     """What the gateway runs, from the scenario (`source`, named in its problems) and the command line."""
-    if spec.gateway.estimate_output == "oracle":
-        why = "oracle charges each request its true output, which a live gateway cannot know beforehand"
-        raise InputError([problem(source, "gateway.estimate_output", why)])
+    g = spec.gateway
+    simulated_only = [
+        (g.estimate_output == "oracle", "gateway.estimate_output",
+         "oracle charges each request its true output, which a live gateway cannot know beforehand"),
+        (g.dispatch == "central", "gateway.dispatch",
+         "central (holding admitted requests in the gateway until a batch slot frees) is simulated only: "
+         "the live gateway sends each admitted request to a backend at once (immediate)"),
+        (g.view == "exact", "gateway.view",
+         "exact (every engine's current state) is a study's bound: a live gateway sees the backends' "
+         "published metrics and its own books (metrics)"),
+    ]  # fmt: skip
+    problems = [problem(source, field, why) for wrong, field, why in simulated_only if wrong]
+    if problems:
+        raise InputError(problems)
     world = build_world(spec, base)
     chosen = pick_policy(spec, policy)
     http = spec.gateway.http

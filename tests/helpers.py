@@ -25,6 +25,7 @@ def classical_scenario(
     arrival: dict | None = None,
     deadline_s: float | None = None,
     abandon_after_s: float | None = None,
+    gateways: int = 1,
 ) -> ScenarioSpec:
     """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
     retries; clients wait for their answer `abandon_after_s` at most (default: for ever)."""
@@ -55,7 +56,12 @@ def classical_scenario(
                     "engine": {"kind": "classical", "service_time": service},
                 }
             ],
-            "gateway": {"replicas": 1, "poll_interval_s": 0, "dispatch": dispatch, "routing": "least_loaded"},
+            "gateway": {
+                "replicas": gateways,
+                "poll_interval_s": 0,
+                "dispatch": dispatch,
+                "routing": "least_loaded",
+            },
             "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s},
             "policies": [policy or {"kind": "unconditional"}],
         },

@@ -210,12 +210,15 @@ class PoolBooks:
         gpus_per_replica: int,
         kv_capacity: int = 0,
         own_done_gpu_s: float = 0.0,
+        others_queued: int = 0,
     ) -> PoolSnapshot:
-        """The pool as this gateway sees it from its serving `replicas` (books and last gauges each):
+        """The pool as this gateway sees it from its serving `replicas` (books and last gauges each) and
+        `others_queued`, other gateways' requests waiting outside every replica (a central dispatch queue):
         in-flight work is own at the estimates charged plus others' at the mean estimate, spread over tiers
         in the mix this gateway admits; what remains is own less `own_done_gpu_s` (the progress its own
         answers show) plus others' in full (vLLM publishes no per-request progress)."""
-        others = own = running = waiting = free = kv = 0.0  # one pass: a simulation polls often
+        others = waiting = float(others_queued)
+        own = running = free = kv = 0.0  # one pass: a simulation polls often
         loads = []
         for b, g in replicas:
             others += b.others_at_poll

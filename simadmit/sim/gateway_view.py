@@ -7,8 +7,9 @@ charge, answering and release. A poll builds its `PoolSnapshot` from each servin
 engine published them at the end of its last step) and these books, with the live gateway's rules: other
 gateways' work is seen only as counts at this gateway's mean estimate, and its own requests' progress is
 counted as a gateway streaming their tokens would count it. Requests a pool holds in its central dispatch
-queue are the gateway's own, not yet at any replica: in-flight, queued, with no progress. Without central
-dispatch a gateway also routes as the live one does, by its books (`route`).
+queue, not yet at any replica, count as queued, with no progress: this gateway's own at their charges, the
+others' (the queue's length, which the dispatcher that holds it publishes, less its own) at its mean
+estimate. Without central dispatch a gateway also routes as the live one does, by its books (`route`).
 """
 
 from __future__ import annotations
@@ -108,14 +109,15 @@ class GatewayView:
             if replica_of[rid] in serving:
                 done += est.done(pool.estimate[rid], pool.prompt[rid], pool.generated(rid))
         limits = pool.limits
+        held = ledger.held
         snap = ledger.books.pool_snapshot(
             pool.env.now, replicas, pool.replicas[0].max_seqs, pool.gpus_per_replica,
             limits.kv_capacity_tokens if limits is not None else 0, done,
+            max(0, len(pool.in_queue) - held.own_requests),
         )  # fmt: skip
         if known_outputs:
             for load, r in zip(snap.replicas, pool.serving, strict=True):
                 load.remaining_steps = remaining_steps(pool.replicas[r])
-        held = ledger.held
         if held.own_requests:
             snap = replace(
                 snap, in_flight_gpu_s=snap.in_flight_gpu_s + held.own_gpu_s, queued=snap.queued + held.own_requests,

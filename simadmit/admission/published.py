@@ -66,12 +66,13 @@ class ReplicaBooks:
     # under priority scheduling: priority -> (own requests without a first token, their prompt tokens, pairs)
     own_pending_by_priority: dict[int, tuple[int, int, float]] = field(default_factory=dict)
 
-    def count_others(self, running: float, waiting: float) -> None:
+    def count_others(self, running: float, waiting: float, own_running: int = 0) -> None:
         """A poll read `running` and `waiting`: the requests in them beyond this gateway's own are
-        others' (own requests in the count: those answering, and those not yet as far as vLLM has them
-        waiting)."""
-        pending = self.own_requests - self.own_answering
-        counted_own = self.own_answering + min(pending, waiting)
+        others' (own requests in the count: those answering, `own_running` of those not yet answering, which
+        the replica is known to run (a textbook server, which publishes its current state), and the rest as
+        far as vLLM has them waiting)."""
+        pending = self.own_requests - self.own_answering - own_running
+        counted_own = self.own_answering + own_running + min(pending, waiting)
         self.others_at_poll = max(0.0, running + waiting - counted_own)
         self.others_waiting = max(0.0, waiting - pending)
 

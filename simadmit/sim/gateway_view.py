@@ -20,6 +20,7 @@ from dataclasses import replace
 from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.published import PoolBooks, ReplicaBooks
+from simadmit.fleet.classical import ClassicalServer
 from simadmit.fleet.pool import Pool, remaining_steps
 
 
@@ -31,6 +32,7 @@ class PoolLedger:
         self.replicas: list[ReplicaBooks] = []
         self.held = ReplicaBooks()  # admitted, in the pool's central dispatch queue
         self.answering: set[int] = set()  # own requests in flight past their first token
+        self.unanswered: set[int] = set()  # own requests at a replica, before their first token
 
     def replica(self, r: int) -> ReplicaBooks:
         """The books of replica `r`, opening them for replicas added since."""
@@ -71,9 +73,10 @@ class GatewayView:
         serving = pool.serving
         return serving[ledger.books.pick([ledger.replicas[r] for r in serving], routing)]
 
-    def routed(self, p: int, r: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
-        """Pool `p` sent one of this gateway's requests (of `tier`) to replica `r`."""
+    def routed(self, p: int, r: int, rid: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
+        """Pool `p` sent one of this gateway's requests (`rid`, of `tier`) to replica `r`."""
         ledger = self.pools[p]
+        ledger.unanswered.add(rid)
         level = ledger.books.priority(tier)
         ledger.held.remove(gpu_s, False, prompt_tokens, level)
         ledger.replica(r).add(gpu_s, prompt_tokens, level)
@@ -82,6 +85,7 @@ class GatewayView:
         """An own request's first token came out."""
         ledger = self.pools[p]
         ledger.answering.add(rid)
+        ledger.unanswered.discard(rid)
         ledger.books.answering(ledger.replica(r), prompt_tokens, tier)
 
     def released(self, p: int, r: int, rid: int, tier: str, gpu_s: float, prompt_tokens: int) -> None:
@@ -89,9 +93,19 @@ class GatewayView:
         ledger = self.pools[p]
         answered = rid in ledger.answering
         ledger.answering.discard(rid)
+        ledger.unanswered.discard(rid)
         ledger.books.release(
             ledger.held if r < 0 else ledger.replica(r), tier, gpu_s, answered, prompt_tokens
         )
+
+    @staticmethod
+    def _own_in_service(ledger: PoolLedger, pool: Pool, r: int) -> int:
+        """1 when replica `r` is a textbook server serving one of this gateway's requests: it publishes its
+        current state, that request among its running, though it has no first token until it is done."""
+        engine = pool.replicas[r]
+        if not isinstance(engine, ClassicalServer) or engine.current is None:
+            return 0
+        return int(engine.current.rid in ledger.unanswered)
 
     def snapshot(self, p: int, pool: Pool, known_outputs: bool = False) -> PoolSnapshot:
         """Pool `p` as this gateway sees it now: its serving replicas' published gauges and its books; with
@@ -101,7 +115,7 @@ class GatewayView:
         replicas = []
         for r in pool.serving:
             books, gauges = ledger.replicas[r], pool.gauges(r)
-            books.count_others(gauges.running, gauges.waiting)
+            books.count_others(gauges.running, gauges.waiting, self._own_in_service(ledger, pool, r))
             replicas.append((books, gauges))
         est, serving, replica_of = self.estimators[p], set(pool.serving), pool.replica_of
         done = 0.0

@@ -307,7 +307,7 @@ class Simulation(RequestListener):
             p = self.ledger.pool[rid]
             prompt = self.requests[rid].prompt_tokens
             tier = self.requests[rid].tier
-            self.views[self.sender[rid]].routed(p, replica, tier, self.pools[p].estimate[rid], prompt)
+            self.views[self.sender[rid]].routed(p, replica, rid, tier, self.pools[p].estimate[rid], prompt)
 
     def on_scheduled(self, rid: int, now: float) -> None:
         self.ledger.scheduled[rid] = now

@@ -107,6 +107,26 @@ def mm1_deterministic_patience(lam: float, mu: float, patience: float) -> tuple[
     return never, never + p0 * decay
 
 
+def erlang_b(c: int, offered: float) -> float:
+    """Probability that an arrival finds all c servers of an M/M/c/c loss system busy (offered load a)."""
+    blocked = 1.0
+    for k in range(1, c + 1):
+        blocked = offered * blocked / (k + offered * blocked)
+    return blocked
+
+
+def retrial_blocking(c: int, offered: float, retries: int) -> float:
+    """Share of attempts refused by an M/M/c/c loss system whose refused customers try again, up to `retries`
+    times, after delays long and spread enough that the retries mix into a Poisson stream (independent
+    displacements of a point process tend to a Poisson process): each attempt is refused with the same
+    probability b, a customer makes 1 + b + ... + b^retries attempts on average, and b solves
+    b = Erlang B(c, a (1 + b + ... + b^retries)), found by iterating from b = Erlang B(c, a)."""
+    blocked = erlang_b(c, offered)
+    for _ in range(500):
+        blocked = erlang_b(c, offered * sum(blocked**k for k in range(retries + 1)))
+    return blocked
+
+
 def mdc_number_in_system(lam: float, service: float, c: int, n_max: int = 400) -> list[float]:
     """The stationary law of the number in an M/D/c system (Crommelin, 1932): what is in the system at t + D
     is what was there at t less the c served meanwhile (every one in service at t has left by t + D, and

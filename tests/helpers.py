@@ -26,9 +26,11 @@ def classical_scenario(
     deadline_s: float | None = None,
     abandon_after_s: float | None = None,
     gateways: int = 1,
+    clients: dict | None = None,
 ) -> ScenarioSpec:
     """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
-    retries; clients wait for their answer `abandon_after_s` at most (default: for ever)."""
+    retries; clients wait for their answer `abandon_after_s` at most (default: for ever). `clients` sets
+    other client settings (retries, backoff)."""
     return scenario_from_dict(
         {
             "name": "queue",
@@ -62,7 +64,7 @@ def classical_scenario(
                 "dispatch": dispatch,
                 "routing": "least_loaded",
             },
-            "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s},
+            "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s, **(clients or {})},
             "policies": [policy or {"kind": "unconditional"}],
         },
         ROOT / "tests" / "scenario.yaml",

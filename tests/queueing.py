@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 
 def erlang_c(c: int, offered: float) -> float:
     """Probability that an arrival waits in an M/M/c queue with offered load a = lambda/mu (< c)."""
@@ -103,3 +105,75 @@ def mm1_deterministic_patience(lam: float, mu: float, patience: float) -> tuple[
     p0 = 1 / (1 + lam * growth + lam * decay / mu)
     never = p0 * lam * decay / mu
     return never, never + p0 * decay
+
+
+def erlang_b(c: int, offered: float) -> float:
+    """Probability that an arrival finds all c servers of an M/M/c/c loss system busy (offered load a)."""
+    blocked = 1.0
+    for k in range(1, c + 1):
+        blocked = offered * blocked / (k + offered * blocked)
+    return blocked
+
+
+def retrial_blocking(c: int, offered: float, retries: int) -> float:
+    """Share of attempts refused by an M/M/c/c loss system whose refused customers try again, up to `retries`
+    times, after delays long and spread enough that the retries mix into a Poisson stream (independent
+    displacements of a point process tend to a Poisson process): each attempt is refused with the same
+    probability b, a customer makes 1 + b + ... + b^retries attempts on average, and b solves
+    b = Erlang B(c, a (1 + b + ... + b^retries)), found by iterating from b = Erlang B(c, a)."""
+    blocked = erlang_b(c, offered)
+    for _ in range(500):
+        blocked = erlang_b(c, offered * sum(blocked**k for k in range(retries + 1)))
+    return blocked
+
+
+def mdc_number_in_system(lam: float, service: float, c: int, n_max: int = 400) -> list[float]:
+    """The stationary law of the number in an M/D/c system (Crommelin, 1932): what is in the system at t + D
+    is what was there at t less the c served meanwhile (every one in service at t has left by t + D, and
+    the c oldest waiting have started), plus the Poisson(lambda D) arrivals of (t, t + D]. So N(t + D) =
+    max(N(t) - c, 0) + A for any t, and the law of N solves that balance; it is solved on 0..n_max - 1
+    (beyond, the law is negligible for the loads checked here), a column of the balance replaced by the
+    total mass."""
+    a = lam * service
+    k = np.arange(n_max)
+    pmf = np.exp(-a + k * math.log(a) - np.array([math.lgamma(i + 1) for i in range(n_max)]))
+    moves = np.zeros((n_max, n_max))
+    for i in range(n_max):
+        base = max(i - c, 0)
+        moves[i, base:] = pmf[: n_max - base]
+    system = (moves - np.eye(n_max)).T
+    system[-1, :] = 1.0
+    rhs = np.zeros(n_max)
+    rhs[-1] = 1.0
+    return [float(p) for p in np.linalg.solve(system, rhs)]
+
+
+def mdc_mean_wait(lam: float, service: float, c: int) -> float:
+    """Mean wait of M/D/c, exact: L_q = E[N] - lambda D (the busy servers), W_q = L_q / lambda (Little)."""
+    law = mdc_number_in_system(lam, service, c)
+    return (sum(n * p for n, p in enumerate(law)) - lam * service) / lam
+
+
+def mmc_deterministic_patience(lam: float, mu: float, c: int, patience: float) -> tuple[float, float]:
+    """M/M/c FCFS where each customer gives up `patience` after arriving and one already in service is
+    served to the end (M/M/c+D): `mm1_deterministic_patience` with c servers.
+
+    Below c busy servers the states have the Erlang weights p_n = p0 a^n / n!; above, the offered wait V
+    (what an arrival would wait) has density lambda p_{c-1} e^{-(c mu - lambda) x} below T and lambda p_{c-1}
+    e^{-(c mu - lambda) T} e^{-c mu (x - T)} above it (level crossing: V drains at rate 1 and an arrival
+    that joins adds an exponential time of rate c mu), p0 from the total mass. Returns (the share never
+    served, P(V >= T); the share without an answer by T, which adds those served too late: an arrival that
+    finds a free server with probability sum p_n and waits V < T otherwise, then is served an exponential
+    time of rate mu: P(V >= T) + (sum p_n) e^{-mu T} + int_0^T v(x) e^{-mu (T - x)} dx)."""
+    a = lam / mu
+    weights = [a**n / math.factorial(n) for n in range(c)]
+    d = c * mu - lam
+    decay = math.exp(-d * patience)
+    growth = patience if d == 0 else (1 - decay) / d
+    p0 = 1 / (sum(weights) + lam * weights[-1] * (growth + decay / (c * mu)))
+    top = p0 * weights[-1]  # p_{c-1}
+    never = lam * top * decay / (c * mu)
+    k = (c - 1) * mu - lam
+    before = patience if k == 0 else (1 - math.exp(-k * patience)) / k
+    late = math.exp(-mu * patience) * (p0 * sum(weights) + lam * top * before)
+    return never, never + late

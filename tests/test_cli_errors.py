@@ -1819,6 +1819,16 @@ COMMAND_CASES = [
         )
         for limit in (".", "1e", "-3s", "1e999")
     ),
+    CommandCase(
+        "sweep-address-without-the-ray-backend",  # ran on this machine, the cluster named never used
+        ("sweep", "{in}/ok.yaml", "--address", "10.0.0.9:6379", "--out", "{tmp}/s"),
+        fragment="--address: 10.0.0.9:6379: a Ray cluster's address: add --backend ray",
+    ),
+    CommandCase(
+        "sweep-ray-address-nobody-answers",  # Ray retried the connection without end
+        ("sweep", "{in}/ok.yaml", "--backend", "ray", "--address", "{refused_address}", "--out", "{tmp}/s"),
+        fragment="--address: {refused_address}: no Ray cluster answers there (Connection refused)",
+    ),
 ]
 
 
@@ -1887,6 +1897,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "in": str(root), "sim": str(root / "sim"), "other": str(root / "other"),
             "refused": f"http://127.0.0.1:{free.getsockname()[1]}", "busy": str(busy.getsockname()[1]),
             "refused_with_key": f"http://user:sk-secret-2@127.0.0.1:{free.getsockname()[1]}",
+            "refused_address": f"127.0.0.1:{free.getsockname()[1]}",
         }  # fmt: skip
 
 

@@ -1829,6 +1829,21 @@ COMMAND_CASES = [
         ("sweep", "{in}/ok.yaml", "--backend", "ray", "--address", "{refused_address}", "--out", "{tmp}/s"),
         fragment="--address: {refused_address}: no Ray cluster answers there (Connection refused)",
     ),
+    CommandCase(
+        "optimize-slo-percent-of-a-latency",  # read as 0.5 s
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=50%", "--out", "{tmp}/o"),
+        fragment="the unit '%' does not fit ttft_p99_s (write s or ms, or no unit)",
+    ),
+    CommandCase(
+        "optimize-slo-rate-without-its-percent",  # rejection<=2 read as a share of 2: met by every setting
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.rejection<=2", "--out", "{tmp}/o"),
+        fragment="rejection_rate is a share, from 0 to 1: for 2 percent write 2%",
+    ),
+    CommandCase(
+        "optimize-slo-unit-of-hours",  # "expected tier.measure<=value", the unit not named
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=1h", "--out", "{tmp}/o"),
+        fragment="the unit 'h' does not fit ttft_p99_s",
+    ),
 ]
 
 

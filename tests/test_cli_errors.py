@@ -179,6 +179,14 @@ SIM_CASES = [
         fragment="line 4: TIMESTAMP 'yesterday' is not a date-time",
     ),
     Case(
+        "trace-dates-with-and-without-an-offset",  # the one without read as UTC: two hours apart, not 0.32 s
+        _trace_workload(),
+        files={
+            "trace.csv": AZURE_HEADER + "2023-11-16T18:15:46.68+02:00,374,44\n2023-11-16 18:15:47.00,396,9\n"
+        },
+        fragment="trace.csv: line 3: TIMESTAMP '2023-11-16 18:15:47.00' gives no UTC offset where the first",
+    ),
+    Case(
         "trace-wrong-columns",
         _trace_workload(),
         files={"trace.csv": "time,prompt,output\n1,2,3\n"},

@@ -23,6 +23,7 @@ import csv
 import gzip
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +289,12 @@ def _parse(
         too_big = np.zeros(len(values), dtype=bool)
         if field == "arrival":
             arr, ok = _times(values, unit)
+            ok = ok.copy()
             what = "is not a date-time" if unit == "datetime" else "is not a finite number"
+            if unit == "datetime":
+                for j, why in _mixed_zones(values, ok).items():
+                    ok[j] = False
+                    bad.setdefault(j, f"{name} {values[j]!r} {why}")
         elif field == "tier":
             arr = np.array([_tier_name(v) for v in values], dtype=object)
             ok, what = arr != "", "is not a non-empty string or whole number"
@@ -305,6 +311,33 @@ def _parse(
                 text = f"{v!r} is more than {MAX_TOKENS:,} tokens"
             bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
+
+
+_ZONED = re.compile(r"(?::\d{2}|T\d{2,6})(?:[.,]\d+)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$", re.IGNORECASE)
+
+
+def _zoned(text: str) -> bool:
+    """Whether a date-time text ends in a UTC offset (Z, +02:00, -0500); the regular expression runs
+    only on texts whose end could be one (a trace of millions of rows has none)."""
+    tail = text[-6:]
+    return ("+" in tail or "-" in tail or tail[-1:] in ("Z", "z")) and bool(_ZONED.search(text))
+
+
+def _mixed_zones(values: list[object], ok: np.ndarray) -> dict[int, str]:
+    """{row: why} for the valid date-times that give a UTC offset where the first one gives none, or
+    the reverse: a date-time without one is read as UTC, so mixing both would shift requests by hours."""
+    zoned = [
+        _zoned(v.strip()) if isinstance(v, str) else getattr(v, "tzinfo", None) is not None for v in values
+    ]
+    rows = np.flatnonzero(ok)
+    if not len(rows):
+        return {}
+    first = int(rows[0])
+    why = "gives no UTC offset" if zoned[first] else "gives a UTC offset"
+    why += f" where the first date-time ({values[first]!r}) {'does' if zoned[first] else 'gives none'}"
+    return {
+        int(j): f"{why}: write every one with an offset, or none" for j in rows if zoned[j] != zoned[first]
+    }
 
 
 def _tier_name(v: object) -> str:

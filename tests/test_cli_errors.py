@@ -187,6 +187,12 @@ SIM_CASES = [
         fragment="trace.csv: line 3: TIMESTAMP '2023-11-16 18:15:47.00' gives no UTC offset where the first",
     ),
     Case(
+        "trace-gzip-named-as-csv",  # "not a UTF-8 text file", what it is left unsaid
+        _trace_workload(),
+        files={"trace.csv": gzip.compress(AZURE_OK.encode())},
+        fragment="trace.csv: not a UTF-8 text file: a gzip file (name it trace.csv.gz)",
+    ),
+    Case(
         "trace-wrong-columns",
         _trace_workload(),
         files={"trace.csv": "time,prompt,output\n1,2,3\n"},

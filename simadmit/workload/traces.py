@@ -164,10 +164,25 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
                 for n, v in zip(names, values, strict=True):
                     raw[n].append(v)
     except UnicodeDecodeError:
-        raise InputError([problem(path, None, "not a UTF-8 text file")]) from None
+        raise InputError([problem(path, None, _not_text(path))]) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz
         raise InputError([problem(path, None, f"cannot read it ({e})")]) from None
     return raw, where
+
+
+def _not_text(path: Path) -> str:
+    """Why a trace is no UTF-8 text: a compressed or Parquet file under a text file's name, or bytes
+    of another encoding."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = b""
+    if head.startswith(b"\x1f\x8b") and path.suffix != ".gz":
+        return f"not a UTF-8 text file: a gzip file (name it {path.name}.gz)"
+    if head == b"PAR1":
+        return f"not a UTF-8 text file: a Parquet file (name it {Path(path.stem).stem}.parquet)"
+    return "not a UTF-8 text file"
 
 
 def _open(path: Path) -> IO[str]:

@@ -1834,6 +1834,11 @@ COMMAND_CASES = [
         for limit in (".", "1e", "-3s", "1e999")
     ),
     CommandCase(
+        "replay-repeat-huge",  # a typo of 10^8 runs was sent, one after another, for years
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--repeat", "100000000", "--out", "{tmp}/r"),
+        fragment="'--repeat': Input should be less than or equal to 1000",
+    ),
+    CommandCase(
         "sweep-address-without-the-ray-backend",  # ran on this machine, the cluster named never used
         ("sweep", "{in}/ok.yaml", "--address", "10.0.0.9:6379", "--out", "{tmp}/s"),
         fragment="--address: 10.0.0.9:6379: a Ray cluster's address: add --backend ray",

@@ -18,6 +18,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator,
 from simadmit.config.defaults import (
     DEFAULT_BUDGET_S,
     DEFAULT_BUDGETS_S,
+    DEFAULT_ENGINE_KIND,
     DEFAULT_HEADROOM,
     RETRY_ELAPSED_HEADER,
 )
@@ -92,8 +93,8 @@ class ClassicalEngineSpec(Spec):
 def _engine_kind(value: object) -> str:
     """Engines default to continuous batching when `kind` is left out."""
     if isinstance(value, dict):
-        return str(value.get("kind", "continuous"))
-    return str(getattr(value, "kind", "continuous"))
+        return str(value.get("kind", DEFAULT_ENGINE_KIND))
+    return str(getattr(value, "kind", DEFAULT_ENGINE_KIND))
 
 
 EngineSpec = Annotated[

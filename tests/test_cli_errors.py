@@ -479,6 +479,16 @@ SIM_CASES = [
         fragment="scenario.yaml: pools.0.engine.max_num_seqs: Input should be greater than 0",
     ),
     Case(
+        "variant-name-with-a-slash",  # variant a/x with policy y and variant a with policy x/y: one run a/x/y
+        _both(
+            _set("variants", [{"name": "a/x", "set": {}}, {"name": "a", "set": {}}]),
+            _set(
+                "policies", [{"kind": "unconditional", "name": "y"}, {"kind": "unconditional", "name": "x/y"}]
+            ),
+        ),
+        fragment="variants.0.name: 'a/x': a variant's name is the part before / in its results' names: no /",
+    ),
+    Case(
         "policy-kind-unknown",
         _set("policies.0", {"kind": "fifo"}),
         fragment="policies.0: Input tag 'fifo' found using 'kind' does not match any of the expected tags",

@@ -420,6 +420,15 @@ class VariantSpec(Spec):
     name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
 
+    @field_validator("name")
+    @classmethod
+    def _no_slash(cls, v: str) -> str:
+        """Results are keyed `variant/policy`: variant `a/x` with policy `y` and variant `a` with policy
+        `x/y` would be one key, their runs mixed into one."""
+        if "/" in v:
+            raise ValueError(f"{v!r}: a variant's name is the part before / in its results' names: no /")
+        return v
+
     @field_validator("set")
     @classmethod
     def _not_variants(cls, v: dict[str, object]) -> dict[str, object]:

@@ -1854,6 +1854,11 @@ COMMAND_CASES = [
         for limit in (".", "1e", "-3s", "1e999")
     ),
     CommandCase(
+        "plot-scenario-of-other-tiers",  # drew the run's figures without a single SLA line
+        ("plot", "{sim}", "--scenario", "{in}/batch-tier.yaml"),
+        fragment="batch-tier.yaml: workload.tiers: none of them (batch) is a tier of the run in",
+    ),
+    CommandCase(
         "replay-repeat-huge",  # a typo of 10^8 runs was sent, one after another, for years
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--repeat", "100000000", "--out", "{tmp}/r"),
         fragment="'--repeat': Input should be less than or equal to 1000",
@@ -1901,6 +1906,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         yaml.safe_dump({**doc, "policies": [{"kind": "queue_depth", "max_queued": 4}]}, sort_keys=False)
     )
     (root / "bad-tag.yaml").write_text(text.replace("name: tiny", "name: !!int tiny"))
+    (root / "batch-tier.yaml").write_text(text.replace("name: interactive", "name: batch"))
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "huge.yaml").write_text(

@@ -393,7 +393,7 @@ def plot(
     if not directory.is_dir():
         fail([f"{directory}: not a directory"])
         return
-    slo = None
+    slo, given = None, scenario
     if scenario is None and (directory / "scenario.yaml").is_file():
         scenario = directory / "scenario.yaml"  # written by `simadmit simulate --out`
     if scenario is not None:
@@ -404,7 +404,7 @@ def plot(
             return
         slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in spec.workload.tiers}
     try:
-        written = plot_directory(directory, slo)
+        written = plot_directory(directory, slo, given)
     except InputError as e:
         fail(e.problems)
         return

@@ -54,8 +54,8 @@ def pydantic_problems(
     validated `document`, a field path names only what the file writes (see `_written_path`)."""
     lines = []
     for e in error.errors():  # type: ignore[attr-defined]
-        loc = _written_path(e["loc"], document)
-        parts = [str(p) for p in loc if not isinstance(p, str) or not p.startswith("function-")]
+        steps = _written_path(e["loc"], document)
+        parts = [str(p) for p in steps if not isinstance(p, str) or not p.startswith("function-")]
         key = e["type"] == "invalid_key" or parts[-1:] == ["[key]"]  # a key that is no text: `1:`, `null:`
         parts = parts[: -2 if parts[-1:] == ["[key]"] else -1] if key else parts
         loc = ".".join(parts)

@@ -307,9 +307,9 @@ def _parse(
             ok = ok.copy()
             what = "is not a date-time" if unit == "datetime" else "is not a finite number"
             if unit == "datetime":
-                for j, why in _mixed_zones(values, ok).items():
-                    ok[j] = False
-                    bad.setdefault(j, f"{name} {values[j]!r} {why}")
+                for row, why in _mixed_zones(values, ok).items():
+                    ok[row] = False
+                    bad.setdefault(row, f"{name} {values[row]!r} {why}")
         elif field == "tier":
             arr = np.array([_tier_name(v) for v in values], dtype=object)
             ok, what = arr != "", "is not a non-empty string or whole number"

@@ -444,6 +444,13 @@ SIM_CASES = [
         fragment="p.yaml: step_time.per_decode_seq_s: Input should be a finite number",
     ),
     Case(
+        "profile-context-shorter-than-every-request",  # 100% "reject" in the table, why left unsaid
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(**{"engine.max_model_len": 50})},
+        code=0,
+        fragment="answered 400 and counted as rejected: interactive 17",
+    ),
+    Case(
         "profile-overhead-huge",
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(**{"step_time.overhead_s": 1e30})},

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simadmit.calibrate.client import normalize_base_url, without_credentials
-from simadmit.cli.common import check_seed, fail, preflight, print_notes, print_problems
+from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight, print_notes, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
 from simadmit.config.loading import load_scenario
 from simadmit.config.overrides import parse_assignments
@@ -43,7 +43,10 @@ def replay_command(
         ),
     ],
     out: Annotated[Path, typer.Option(help="folder for requests.parquet, timeseries.parquet, replay.json")],
-    repeat: Annotated[int, typer.Option(min=1, help="send the same request list N times (repeat-1..N)")] = 1,
+    repeat: Annotated[
+        int,
+        typer.Option(min=1, max=MAX_REPLICATIONS, help="send the same request list N times (repeat-1..N)"),
+    ] = 1,
     model: Annotated[
         str | None, typer.Option(help="served model name (default: the endpoint's first)")
     ] = None,

@@ -71,6 +71,20 @@ def check_jobs(jobs: int, backend: BackendName) -> None:
         )
 
 
+def check_backend(backend: BackendName, address: str | None) -> None:
+    """`--address` names a Ray cluster: refused without `--backend ray` (the run would stay on this
+    machine), and checked to answer before anything runs."""
+    if address is None:
+        return
+    if backend is not BackendName.ray:
+        raise InputError(
+            [problem(None, "--address", f"{address}: a Ray cluster's address: add --backend ray")]
+        )
+    from simadmit.study.ray_backend import check_address
+
+    check_address(address)
+
+
 def _backend(name: BackendName, address: str | None) -> Backend:
     if name is BackendName.ray:
         from simadmit.study.ray_backend import ray_backend
@@ -113,6 +127,7 @@ def sweep(
     try:
         check_seed(seed, replications)
         check_jobs(jobs, backend)
+        check_backend(backend, address)
         path = resolve_scenario(scenario)
         plan = plan_sweep(path, [parse_param(p) for p in param], replications, seed)
         check_destination(out, replace=False, command="sweep")
@@ -267,6 +282,7 @@ def optimize_cmd(
     try:
         check_seed(seed, replications + fresh_seeds)
         check_jobs(jobs, backend)
+        check_backend(backend, address)
         overrides = parse_assignments(set_)
         check_destination(out, replace=False, command="optimize")
     except InputError as e:
@@ -377,7 +393,7 @@ def plot(
     if not directory.is_dir():
         fail([f"{directory}: not a directory"])
         return
-    slo = None
+    slo, given = None, scenario
     if scenario is None and (directory / "scenario.yaml").is_file():
         scenario = directory / "scenario.yaml"  # written by `simadmit simulate --out`
     if scenario is not None:
@@ -388,7 +404,7 @@ def plot(
             return
         slo = {t.name: {"ttft_s": t.slo.ttft_s, "e2e_s": t.slo.e2e_s} for t in spec.workload.tiers}
     try:
-        written = plot_directory(directory, slo)
+        written = plot_directory(directory, slo, given)
     except InputError as e:
         fail(e.problems)
         return

@@ -13,6 +13,8 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+from simadmit.config.defaults import DEFAULT_ENGINE_KIND
+
 SPECIAL = "is not a regular file (a device, pipe or socket)"  # what exists, is no folder, and no file
 TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
 
@@ -45,11 +47,15 @@ def problem(source: str | Path | None, field: str | None, message: str) -> str:
     return ": ".join([*parts, message])
 
 
-def pydantic_problems(source: str | Path | None, error: object, prefix: str = "") -> list[str]:
-    """Turn a pydantic ValidationError into one `file: field.path: message` line per error."""
+def pydantic_problems(
+    source: str | Path | None, error: object, prefix: str = "", document: object = None
+) -> list[str]:
+    """Turn a pydantic ValidationError into one `file: field.path: message` line per error; with the
+    validated `document`, a field path names only what the file writes (see `_written_path`)."""
     lines = []
     for e in error.errors():  # type: ignore[attr-defined]
-        parts = [str(p) for p in e["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        steps = _written_path(e["loc"], document)
+        parts = [str(p) for p in steps if not isinstance(p, str) or not p.startswith("function-")]
         key = e["type"] == "invalid_key" or parts[-1:] == ["[key]"]  # a key that is no text: `1:`, `null:`
         parts = parts[: -2 if parts[-1:] == ["[key]"] else -1] if key else parts
         loc = ".".join(parts)
@@ -72,6 +78,23 @@ def pydantic_problems(source: str | Path | None, error: object, prefix: str = ""
             msg = f"Input should be a number, not {e['input']!r}"
         lines.append(problem(source, field or None, msg))
     return lines
+
+
+def _written_path(loc: tuple[object, ...], document: object) -> list[object]:
+    """`loc` without the steps pydantic adds for a tagged union: `prompt_tokens.lognormal.sigma` is
+    `prompt_tokens.sigma` in the file, whose mapping says `kind: lognormal`."""
+    node, out = document, []
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("kind", DEFAULT_ENGINE_KIND) == part:
+            continue  # the union's tag (the engine's default when no kind is written): no key of the file
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and -len(node) <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return out
 
 
 def _whole_number_text(value: object) -> int | None:

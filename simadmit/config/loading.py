@@ -100,7 +100,7 @@ def _validate(data: object, source: str | Path | None) -> ScenarioSpec:
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as e:
-        raise InputError(pydantic_problems(source, e)) from None
+        raise InputError(pydantic_problems(source, e, document=data)) from None
     problems = [problem(source, field, message) for field, message in scenario_problems(spec)]
     if problems:
         raise InputError(problems)

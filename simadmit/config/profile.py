@@ -231,7 +231,7 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
     try:
         p = _ProfileFile.model_validate(data)
     except ValidationError as e:
-        raise InputError(pydantic_problems(source, e)) from None
+        raise InputError(pydantic_problems(source, e, document=data)) from None
     if p.engine.max_num_batched_tokens < p.engine.max_num_seqs:
         raise InputError(
             [

@@ -18,6 +18,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator,
 from simadmit.config.defaults import (
     DEFAULT_BUDGET_S,
     DEFAULT_BUDGETS_S,
+    DEFAULT_ENGINE_KIND,
     DEFAULT_HEADROOM,
     RETRY_ELAPSED_HEADER,
 )
@@ -92,8 +93,8 @@ class ClassicalEngineSpec(Spec):
 def _engine_kind(value: object) -> str:
     """Engines default to continuous batching when `kind` is left out."""
     if isinstance(value, dict):
-        return str(value.get("kind", "continuous"))
-    return str(getattr(value, "kind", "continuous"))
+        return str(value.get("kind", DEFAULT_ENGINE_KIND))
+    return str(getattr(value, "kind", DEFAULT_ENGINE_KIND))
 
 
 EngineSpec = Annotated[
@@ -427,6 +428,15 @@ PolicySpec = Annotated[
 class VariantSpec(Spec):
     name: str = Field(min_length=1)
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
+
+    @field_validator("name")
+    @classmethod
+    def _no_slash(cls, v: str) -> str:
+        """Results are keyed `variant/policy`: variant `a/x` with policy `y` and variant `a` with policy
+        `x/y` would be one key, their runs mixed into one."""
+        if "/" in v:
+            raise ValueError(f"{v!r}: a variant's name is the part before / in its results' names: no /")
+        return v
 
     @field_validator("set")
     @classmethod

@@ -21,6 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
+from simadmit.config.errors import InputError, problem
 from simadmit.results.curves import curves
 from simadmit.results.run_folder import read_manifest
 
@@ -187,15 +188,23 @@ def _save(fig: Figure, out: Path, name: str) -> list[Path]:
     return paths
 
 
-def plot_directory(directory: Path, slo: dict[str, dict[str, float]] | None = None) -> list[Path]:
+def plot_directory(
+    directory: Path, slo: dict[str, dict[str, float]] | None = None, slo_source: Path | None = None
+) -> list[Path]:
     """Every figure the directory's tables allow (a sweep's curves, a run's CDFs and timeline), PNG + SVG.
 
     SLA lines come from `slo` (tier -> {"ttft_s", "e2e_s"}) or, for a sweep, from its sweep.json. A
-    folder whose manifest is missing or disagrees with its files (a write cut short) raises `InputError`.
+    folder whose manifest is missing or disagrees with its files (a write cut short) raises `InputError`,
+    and so does an `slo` read from `slo_source` that names none of the run's tiers (no line would show).
     """
     tables = ("sweep.parquet", "requests.parquet", "timeseries.parquet")
     if any((directory / t).is_file() for t in tables):
         read_manifest(directory)
+    if slo and slo_source is not None and (ran := _run_tiers(directory)) and not set(slo) & ran:
+        why = (
+            f"none of them ({', '.join(slo)}) is a tier of the run in {directory} ({', '.join(sorted(ran))})"
+        )
+        raise InputError([problem(slo_source, "workload.tiers", f"{why}: no SLA line would be drawn")])
     written: list[Path] = []
     if (directory / "sweep.parquet").is_file():
         table = pd.read_parquet(directory / "sweep.parquet")
@@ -215,3 +224,12 @@ def plot_directory(directory: Path, slo: dict[str, dict[str, float]] | None = No
     if (directory / "timeseries.parquet").is_file():
         written += _save(timeline(pd.read_parquet(directory / "timeseries.parquet")), directory, "timeline")
     return written
+
+
+def _run_tiers(directory: Path) -> set[str]:
+    """The tiers of the run in `directory` (a sweep's, else a run's requests'), without `all` and pools."""
+    for name in ("sweep.parquet", "requests.parquet"):
+        if (directory / name).is_file():
+            tiers = pd.read_parquet(directory / name, columns=["tier"])["tier"].astype(str)
+            return {t for t in tiers.unique() if t != "all" and not t.startswith("pool:")}
+    return set()

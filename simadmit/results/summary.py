@@ -269,7 +269,8 @@ def combine(replications: list[dict[str, dict]]) -> dict[str, dict]:
 
 def notes(summary: dict[str, dict[str, dict]]) -> list[str]:
     """What a reader of a combined summary must know: percentiles resting on few observations beyond them
-    (TTFT and E2E share their counts), and measures some replications could not give (left out)."""
+    (TTFT and E2E share their counts), measures some replications could not give (left out), and requests
+    refused as too long for the server (per tier)."""
     lines = []
     for policy, groups in summary.items():
         thin: dict[str, float] = {}
@@ -289,4 +290,15 @@ def notes(summary: dict[str, dict[str, dict]]) -> list[str]:
             lines.append(f"{policy}: fewer than {FEW_BEYOND} observations beyond {listed}: rough, run longer")
         if missing:
             lines.append(f"{policy}: no value, left out of the mean: " + ", ".join(missing))
+        long = {  # a 100% rejection with nothing else said reads as an admission policy's doing
+            g: m["too_long"]
+            for g, m in groups.items()
+            if g != "all" and not g.startswith("pool:") and m.get("too_long", 0) > 0
+        }
+        if long:
+            lines.append(
+                f"{policy}: requests longer than the server takes (prompt + max_tokens beyond its context or "
+                "KV capacity), answered 400 and counted as rejected: "
+                + ", ".join(f"{g} {n:.0f}" for g, n in long.items())
+            )
     return lines

@@ -8,11 +8,40 @@ optional extra: `pip install simadmit[ray]`.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from simadmit.config.errors import InputError
+from simadmit.config.errors import InputError, problem
 from simadmit.study.backends import Backend
+
+REACH_TIMEOUT_S = 10.0  # Ray itself retries an address it cannot reach without end
+RAY_HEAD_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's defaults when an address gives no port
+
+
+def check_address(address: str) -> None:
+    """`InputError` unless `address` (host:port or ray://host:port; `auto` and `local` are Ray's own
+    words) names a port that answers: Ray would wait on an unreachable cluster forever."""
+    if address in ("auto", "local"):
+        return
+    client = "://" in address  # ray://host[:port], a Ray client server; else a head's host[:port]
+    try:
+        parts = urlsplit(address if client else f"ray://{address}")
+        host, port = parts.hostname, parts.port or (RAY_CLIENT_PORT if client else RAY_HEAD_PORT)
+    except ValueError:
+        host, port = None, 0
+    if not host or parts.scheme != "ray" or parts.path not in ("", "/"):
+        why = "expected host:port or ray://host:port (or auto), e.g. 10.0.0.5:6379"
+        raise InputError([problem(None, "--address", f"{address}: {why}")])
+    try:
+        with socket.create_connection((host, port), timeout=REACH_TIMEOUT_S):
+            pass
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise InputError(
+            [problem(None, "--address", f"{address}: no Ray cluster answers there ({why})")]
+        ) from None
 
 
 def ray_backend(address: str | None = None) -> Backend:
@@ -27,7 +56,11 @@ def ray_backend(address: str | None = None) -> Backend:
             if address is None:
                 ray.init(num_cpus=max(jobs, 1), include_dashboard=False, log_to_driver=False)
             else:
-                ray.init(address=address, log_to_driver=False)
+                try:
+                    ray.init(address=address, log_to_driver=False)
+                except ConnectionError as e:  # something answers there, but no Ray; or `auto` finds none
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    raise InputError([problem(None, "--address", f"{address}: {why}")]) from None
         remote = ray.remote(_refusing)
         pending = {remote.remote(fn, *a): i for i, a in enumerate(args)}
         try:

@@ -38,7 +38,13 @@ MEASURES = (
     "utilization", "work_utilization", "paid_work_utilization", "goodput_rps", "slo_attainment", "offered_rps",
     "carried_rps", "admitted_rps", "retries_per_request", "throughput_rps", "output_tokens_per_s",
 )  # fmt: skip
-_SLO = re.compile(r"^\s*([\w-]+)\.(\w+)\s*(<=|>=|<|>)\s*([-+\d.eE]+)\s*(ms|s|%)?\s*$")
+_SLO = re.compile(r"^\s*([\w-]+)\.(\w+)\s*(<=|>=|<|>)\s*([-+\d.eE]+)\s*([A-Za-z%]*)\s*$")
+DURATIONS = {*PERCENTILES, "queue_wait_mean_s"}  # seconds: written with s, ms or no unit
+SHARES = {  # parts of a whole, from 0 to 1
+    "failure_rate", "rejection_rate", "attempt_rejection_rate", "utilization", "slo_attainment",
+}  # fmt: skip
+FRACTIONS = {*SHARES, "work_utilization", "paid_work_utilization"}  # written with % or no unit
+SCALE = {"": 1.0, "s": 1.0, "ms": 1e-3, "%": 1e-2}
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,17 @@ def parse_slo(text: str) -> SLO:
     if measure not in MEASURES:
         known = ", ".join(sorted({*ALIASES, *MEASURES}))
         raise InputError([problem("--slo", text, f"unknown measure {name!r}; known: {known}")])
+    units = ("s", "ms") if measure in DURATIONS else ("%",) if measure in FRACTIONS else ()
+    if unit and unit not in units:  # 50% of a latency, 2 ms of a rate: never what was meant
+        fits = f"write {' or '.join(units)}, or no unit" if units else "it takes no unit"
+        raise InputError([problem("--slo", text, f"the unit {unit!r} does not fit {measure} ({fits})")])
     try:
-        value = float(raw) * {"ms": 1e-3, "%": 1e-2}.get(unit or "", 1.0)
+        value = float(raw) * SCALE[unit]
     except ValueError:
         value = math.nan
     if not 0 <= value < math.inf:  # every measure is a duration, rate or fraction: never below 0
         raise InputError([problem("--slo", text, f"the limit {raw!r} is not a finite number >= 0")])
+    if measure in SHARES and value > 1:  # `rejection<=2` meant 2%: as a share it holds always
+        why = "at most 100%" if unit else f"from 0 to 1: for {raw} percent write {raw}%"
+        raise InputError([problem("--slo", text, f"{measure} is a share, {why}")])
     return SLO(tier, measure, op.startswith("<"), value, text.strip())

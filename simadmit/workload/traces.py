@@ -23,6 +23,7 @@ import csv
 import gzip
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,10 +164,25 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
                 for n, v in zip(names, values, strict=True):
                     raw[n].append(v)
     except UnicodeDecodeError:
-        raise InputError([problem(path, None, "not a UTF-8 text file")]) from None
+        raise InputError([problem(path, None, _not_text(path))]) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz
         raise InputError([problem(path, None, f"cannot read it ({e})")]) from None
     return raw, where
+
+
+def _not_text(path: Path) -> str:
+    """Why a trace is no UTF-8 text: a compressed or Parquet file under a text file's name, or bytes
+    of another encoding."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = b""
+    if head.startswith(b"\x1f\x8b") and path.suffix != ".gz":
+        return f"not a UTF-8 text file: a gzip file (name it {path.name}.gz)"
+    if head == b"PAR1":
+        return f"not a UTF-8 text file: a Parquet file (name it {Path(path.stem).stem}.parquet)"
+    return "not a UTF-8 text file"
 
 
 def _open(path: Path) -> IO[str]:
@@ -288,7 +304,12 @@ def _parse(
         too_big = np.zeros(len(values), dtype=bool)
         if field == "arrival":
             arr, ok = _times(values, unit)
+            ok = ok.copy()
             what = "is not a date-time" if unit == "datetime" else "is not a finite number"
+            if unit == "datetime":
+                for row, why in _mixed_zones(values, ok).items():
+                    ok[row] = False
+                    bad.setdefault(row, f"{name} {values[row]!r} {why}")
         elif field == "tier":
             arr = np.array([_tier_name(v) for v in values], dtype=object)
             ok, what = arr != "", "is not a non-empty string or whole number"
@@ -305,6 +326,33 @@ def _parse(
                 text = f"{v!r} is more than {MAX_TOKENS:,} tokens"
             bad.setdefault(int(j), f"{name} {text}")
     return parsed, bad
+
+
+_ZONED = re.compile(r"(?::\d{2}|T\d{2,6})(?:[.,]\d+)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$", re.IGNORECASE)
+
+
+def _zoned(text: str) -> bool:
+    """Whether a date-time text ends in a UTC offset (Z, +02:00, -0500); the regular expression runs
+    only on texts whose end could be one (a trace of millions of rows has none)."""
+    tail = text[-6:]
+    return ("+" in tail or "-" in tail or tail[-1:] in ("Z", "z")) and bool(_ZONED.search(text))
+
+
+def _mixed_zones(values: list[object], ok: np.ndarray) -> dict[int, str]:
+    """{row: why} for the valid date-times that give a UTC offset where the first one gives none, or
+    the reverse: a date-time without one is read as UTC, so mixing both would shift requests by hours."""
+    zoned = [
+        _zoned(v.strip()) if isinstance(v, str) else getattr(v, "tzinfo", None) is not None for v in values
+    ]
+    rows = np.flatnonzero(ok)
+    if not len(rows):
+        return {}
+    first = int(rows[0])
+    why = "gives no UTC offset" if zoned[first] else "gives a UTC offset"
+    why += f" where the first date-time ({values[first]!r}) {'does' if zoned[first] else 'gives none'}"
+    return {
+        int(j): f"{why}: write every one with an offset, or none" for j in rows if zoned[j] != zoned[first]
+    }
 
 
 def _tier_name(v: object) -> str:

@@ -458,6 +458,26 @@ SIM_CASES = [
         "would take 1.31e+35 s",
     ),
     Case(
+        "profile-costs-all-zero",  # every request served at once, whatever the load: a table of zeros
+        _set("pools.0.profile", "p.yaml"),
+        files={
+            "p.yaml": _profile(
+                **{
+                    f"step_time.{k}": 0.0
+                    for k in (
+                        "overhead_s",
+                        "per_prefill_token_s",
+                        "per_decode_seq_s",
+                        "per_context_token_s",
+                        "per_prefill_attention_s",
+                        "weights_read_s",
+                    )
+                }
+            )  # fmt: skip
+        },
+        fragment="p.yaml: step_time: every coefficient is 0: a step would take no time",
+    ),
+    Case(
         "profile-gpus-true",
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(gpus_per_replica=True)},
@@ -1869,6 +1889,11 @@ COMMAND_CASES = [
         "replay-repeat-huge",  # a typo of 10^8 runs was sent, one after another, for years
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--repeat", "100000000", "--out", "{tmp}/r"),
         fragment="'--repeat': Input should be less than or equal to 1000",
+    ),
+    CommandCase(
+        "replay-timeout-infinite",  # an attempt to a server that hangs was waited on for ever
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--timeout", "inf", "--out", "{tmp}/r"),
+        fragment="'--timeout': Input should be less than or equal to 86400",
     ),
     CommandCase(
         "sweep-address-without-the-ray-backend",  # ran on this machine, the cluster named never used

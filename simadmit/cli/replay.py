@@ -52,7 +52,9 @@ def replay_command(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="workload seed (default: the scenario's)")] = None,
     label: Annotated[str, typer.Option(help="the policy column of the tables")] = "real",
-    timeout: Annotated[float, typer.Option(min=1, help="seconds one attempt may take")] = 600.0,
+    timeout: Annotated[
+        float, typer.Option(min=1, max=86_400, help="seconds one attempt may take (at most a day)")
+    ] = 600.0,
     server: Annotated[
         str | None,
         typer.Option(

@@ -244,6 +244,11 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
         )
     step = StepTimeModel(**p.step_time.model_dump())
     longest = _longest_request_s(step, p.engine)
+    if longest <= 0:  # every coefficient 0: each request would be served at once, whatever the load
+        why = (
+            "every coefficient is 0: a step would take no time (they are seconds per step, token or sequence)"
+        )
+        raise InputError([problem(source, "step_time", why)])
     if not longest <= MAX_SECONDS:
         raise InputError(
             [

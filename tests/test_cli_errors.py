@@ -1358,6 +1358,35 @@ COMMAND_CASES = [
         )
     ),
     CommandCase(
+        "optimize-a-load-twice",  # the same simulations run twice, to no end
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--loads",
+            "1,2,1.0",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--loads: 1,2,1.0: 1 given twice",
+    ),
+    CommandCase(
+        "optimize-two-limits-on-one-side-of-a-measure",  # one of them never binds: a typo, silently
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--slo",
+            "interactive.ttft_p99<=2s",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--slo interactive.ttft_p99<=2s: interactive.ttft_p99_s is already limited by --slo "
+        "interactive.ttft_p99<=3s",
+    ),  # fmt: skip
+    CommandCase(
         "optimize-rounds-huge",  # 1.8e9 simulations, started one by one
         (
             "optimize",

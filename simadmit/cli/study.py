@@ -263,9 +263,16 @@ def optimize_cmd(
     slos, dims = [], []
     for text in slo:
         try:
-            slos.append(parse_slo(text))
+            new = parse_slo(text)
         except InputError as e:
             problems += e.problems
+            continue
+        same = [o for o in slos if (o.tier, o.measure, o.upper) == (new.tier, new.measure, new.upper)]
+        if same:  # two limits on one side of one measure: one of them is dead, or a typo
+            problems.append(
+                f"--slo {text}: {new.tier}.{new.measure} is already limited by --slo {same[0].text}"
+            )
+        slos.append(new)
     for text in search:
         try:
             dims.append(parse_dimension(text))
@@ -277,6 +284,9 @@ def optimize_cmd(
         load_values = ()
     if not load_values or not all(0 < x < math.inf for x in load_values):
         problems.append(f"--loads: {loads}: expected comma-separated multipliers above 0, e.g. 1,1.5,2")
+    elif len(set(load_values)) < len(load_values):  # the same simulations run twice, to no end
+        twice = sorted({x for x in load_values if load_values.count(x) > 1})
+        problems.append(f"--loads: {loads}: {', '.join(f'{x:g}' for x in twice)} given twice")
     if not slo:
         problems.append("--slo: give at least one SLO, e.g. --slo 'interactive.ttft_p99<=3s'")
     try:

@@ -4,6 +4,7 @@ policy's promises (never hurts at moderate load, an oracle with a tight budget k
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import simpy
 
 from simadmit.admission.estimator import CostCorrection, CostEstimator, RatioEwma
 from simadmit.admission.policies import PoolView, Request
-from simadmit.admission.predictive import AdmissionOrder, OutputEwma, PredictedTtft
+from simadmit.admission.predictive import AdmissionOrder, OutputEwma, PredictedTtft, decode_key
 from simadmit.admission.view import EngineModel, ReplicaLoad
 from simadmit.config.loading import load_scenario
 from simadmit.config.profile import StepTimeModel, load_profile
@@ -320,10 +321,32 @@ def test_the_end_to_end_check_learns_the_decode_step_from_the_answers() -> None:
     view = engine_view(ReplicaLoad(max_seqs=8, kv_capacity=10**6))
     late_first_tokens = learn(ttft_x=3.0, itl_x=1.0)
     assert late_first_tokens.factor("chat", 20.0) == pytest.approx(3.0)
-    assert late_first_tokens.decode_ratio.factor("*", 20.0) == pytest.approx(1.0)
+    assert late_first_tokens.decode_ratio.factor(decode_key(0), 20.0) == pytest.approx(1.0)
     assert late_first_tokens.decide(Request(99, "chat", 100, 512, 20.0), 0.0, view, 20.0).admit
     slow_decode = learn(ttft_x=1.0, itl_x=3.0)
     assert slow_decode.factor("chat", 20.0) == pytest.approx(1.0)
     d = slow_decode.decide(Request(99, "chat", 100, 512, 20.0), 0.0, view, 20.0)
     assert (d.admit, d.reason) == (False, "would_exceed_e2e")
     assert not slow_decode.decoding  # nothing kept of the finished, nor of the refused
+
+
+def test_each_pool_has_its_own_decode_correction() -> None:
+    """Two pools whose engines err differently (pool 0 decodes at 3x the step its profile predicts, pool 1
+    as predicted), their requests in turn through one gateway: each pool's correction learns its own, so
+    pool 0's next answer is predicted too slow for the 5 s budget and pool 1's still fits (one correction
+    for both, near 2x, would refuse both or neither)."""
+    p = PredictedTtft(budgets_s={"chat": 3.0}, e2e_budgets_s={"chat": 5.0}, margin=1.0)
+    base = engine_view(ReplicaLoad(max_seqs=8, kv_capacity=10**6))
+    views = [replace(base, pool=0), replace(base, pool=1)]
+    for rid in range(40):  # 20 answers from each pool warm its correction up
+        now, pool = float(rid), rid % 2
+        request = Request(rid, "chat", 100, 512, now)
+        assert p.decide(request, 0.0, views[pool], now).admit
+        first = now + 0.01 + 100 * 1e-4
+        p.observe_first_token(request, now, first)
+        p.observe_completion(request, 256, first + 255 * (3.0 if pool == 0 else 1.0) * 0.01)
+    assert p.decode_ratio.factor(decode_key(0), 40.0) == pytest.approx(3.0)
+    assert p.decode_ratio.factor(decode_key(1), 40.0) == pytest.approx(1.0)
+    slow = p.decide(Request(98, "chat", 100, 512, 40.0), 0.0, views[0], 40.0)
+    assert (slow.admit, slow.reason) == (False, "would_exceed_e2e")
+    assert p.decide(Request(99, "chat", 100, 512, 40.0), 0.0, views[1], 40.0).admit

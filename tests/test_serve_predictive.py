@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from simadmit.admission.predictive import PredictedTtft
+from simadmit.admission.predictive import PredictedTtft, decode_key
 from simadmit.admission.view import prompt_attention_pairs
 from simadmit.calibrate.metrics import EngineGauges
 from simadmit.serve.app import GatewayServer
@@ -249,7 +249,7 @@ def test_only_streamed_answers_teach_the_corrections(tmp_path: Path) -> None:
                 assert response.status_code == 200
             await until(lambda: server.pools[0].own_requests == 0)
             assert policy.ratio.count.get("interactive", 0) == 12
-            assert policy.decode_ratio.count.get("*", 0) == 12
+            assert policy.decode_ratio.count.get(decode_key(0), 0) == 12
             assert policy.pending == {} and policy.decoding == {}
 
     run(main())

@@ -65,7 +65,7 @@ class Gateway:
         self.max_request_tokens = tuple(max_request_tokens)
         self.learner = learner
         self.correction = correction
-        self.views = [PoolView() for _ in self.estimators]
+        self.views = [PoolView(pool=i) for i in range(len(self.estimators))]
         for view, engine in zip(self.views, engines or [None] * len(self.views), strict=True):
             view.engine = engine
         self.rate_window_s = 5.0  # smoothing of the replicas' prefill rates

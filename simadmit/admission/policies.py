@@ -48,6 +48,7 @@ class PoolView:
     remaining_gpu_s: float = 0.0  # in-flight work still to do: charged GPU-seconds minus progress made
     replicas: list[ReplicaLoad] = field(default_factory=list)  # per serving replica
     engine: EngineModel | None = None  # the pool's step-time model, for policies that predict TTFT
+    pool: int = 0  # which of the gateway's pools: what a policy learns of a pool's engines is kept per pool
 
 
 class Decision(NamedTuple):

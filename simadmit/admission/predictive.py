@@ -14,7 +14,8 @@ see, heal within tens of requests; waits for a slot are left out, their error be
 not the calibration's). A sheddable tier's ratio is never below the critical tier's, and a tier's ratio
 relaxes towards 1 while none of its requests gets in, so a correction can never lock a tier out. The
 end-to-end check's decode step has a correction of its own, the actual time per output token of what it
-admitted over the step predicted at admission (one for all tiers, whose sequences share each step):
+admitted over the step predicted at admission (one per pool for all its tiers, whose sequences share each
+step; another pool's engines, another GPU, err otherwise):
 a first token's errors (the queue, the prompt's prefill, the API server) say nothing of the decode, and the
 step predicted at admission misses the requests that join the batch later, which the ratio learns.
 
@@ -43,6 +44,11 @@ from simadmit.admission.view import least_work
 from simadmit.config.defaults import DEFAULT_BUDGET_S, DEFAULT_BUDGETS_S
 
 ALL = "*"  # key of statistics over every tier
+
+
+def decode_key(pool: int) -> str:
+    """The key of a pool's decode-step correction (its tiers' sequences share its engines' steps)."""
+    return f"pool {pool}"
 
 
 class StatefulPolicy(AdmissionPolicy):
@@ -182,8 +188,8 @@ class PredictedTtft(StatefulPolicy):
     ratio: RatioEwma = field(init=False)
     decode_ratio: RatioEwma = field(init=False)
     pending: dict[int, tuple[str, float]] = field(default_factory=dict, init=False)
-    # admitted requests' predicted decode step and, once it came, their first token's time
-    decoding: dict[int, tuple[float, float | None]] = field(default_factory=dict, init=False)
+    # admitted requests' pool, predicted decode step and, once it came, their first token's time
+    decoding: dict[int, tuple[int, float, float | None]] = field(default_factory=dict, init=False)
     order: AdmissionOrder = field(default_factory=AdmissionOrder, init=False)
 
     def __post_init__(self) -> None:
@@ -239,7 +245,7 @@ class PredictedTtft(StatefulPolicy):
         if wait > budget:
             return Decision(False, "would_exceed_sla", retry_after(wait - max(budget, 0.0)), wait)
         raw_step = view.engine.decode_step(load, request.prompt_tokens)
-        step = raw_step * (self.decode_ratio.factor(ALL, now) if self.correct else 1.0)
+        step = raw_step * (self.decode_ratio.factor(decode_key(view.pool), now) if self.correct else 1.0)
         checks = []  # (output tokens, seconds left for the answer)
         e2e = self.e2e_budgets_s.get(request.tier)
         if e2e is not None:
@@ -261,10 +267,10 @@ class PredictedTtft(StatefulPolicy):
                 )
         if load.running + load.waiting < load.max_seqs:  # the correction learns where the model is exact
             self.pending[request.id] = (request.tier, raw)
-        self.decoding[request.id] = (raw_step, None)
+        self.decoding[request.id] = (view.pool, raw_step, None)
         self.order.admitted(request.tier, request.id, now)
         self.ratio.renew(request.tier, now)  # only a tier that gets nothing in lets its correction relax
-        self.decode_ratio.renew(ALL, now)
+        self.decode_ratio.renew(decode_key(view.pool), now)
         return ADMIT._replace(predicted_wait_s=wait)
 
     @property
@@ -288,13 +294,15 @@ class PredictedTtft(StatefulPolicy):
         if seen is not None:
             self.ratio.observe(seen[0], seen[1], now - admitted_s, now)
         if request.id in self.decoding:
-            self.decoding[request.id] = (self.decoding[request.id][0], now)
+            pool, step, _ = self.decoding[request.id]
+            self.decoding[request.id] = (pool, step, now)
 
     def observe_completion(self, request: Request, output_tokens: int, now: float) -> None:
         self.pending.pop(request.id, None)
-        step, first_token_s = self.decoding.pop(request.id, (0.0, None))
+        pool, step, first_token_s = self.decoding.pop(request.id, (0, 0.0, None))
         if first_token_s is not None and output_tokens > 1 and step > 0:
-            self.decode_ratio.observe(ALL, step, (now - first_token_s) / (output_tokens - 1), now)
+            per_token = (now - first_token_s) / (output_tokens - 1)
+            self.decode_ratio.observe(decode_key(pool), step, per_token, now)
         for out in self.order.finished_at(request.tier, request.id, output_tokens, now):
             self.outputs.observe(request.tier, out)
 

@@ -31,7 +31,7 @@ from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
 from simadmit.study.search import PolicyResult, SearchConfig, optimize
-from simadmit.study.slo import parse_slo
+from simadmit.study.slo import SLO, parse_slo
 from simadmit.study.table import sla_tiers
 
 T = TypeVar("T")
@@ -260,7 +260,8 @@ def optimize_cmd(
 ) -> None:
     """Find each policy's settings with the best objective that meet every SLO at 1x, 1.5x and 2x traffic."""
     problems: list[str] = []
-    slos, dims = [], []
+    slos: list[SLO] = []
+    dims = []
     for text in slo:
         try:
             new = parse_slo(text)

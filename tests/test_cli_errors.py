@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +29,7 @@ import yaml
 
 from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
+from simadmit.config.profile import StepTimeModel
 from simadmit.serve.inbound import COMPLETIONS, ClientError, parse_body
 from tests.fake_vllm import FakeVllm
 
@@ -460,21 +461,7 @@ SIM_CASES = [
     Case(
         "profile-costs-all-zero",  # every request served at once, whatever the load: a table of zeros
         _set("pools.0.profile", "p.yaml"),
-        files={
-            "p.yaml": _profile(
-                **{
-                    f"step_time.{k}": 0.0
-                    for k in (
-                        "overhead_s",
-                        "per_prefill_token_s",
-                        "per_decode_seq_s",
-                        "per_context_token_s",
-                        "per_prefill_attention_s",
-                        "weights_read_s",
-                    )
-                }
-            )  # fmt: skip
-        },
+        files={"p.yaml": _profile(**{f"step_time.{f.name}": 0.0 for f in fields(StepTimeModel)})},
         fragment="p.yaml: step_time: every coefficient is 0: a step would take no time",
     ),
     Case(

@@ -41,7 +41,7 @@ def deadline_waste(result: RunResult, workload: Workload, world: World) -> np.nd
     scheduled = ~np.isnan(np.asarray(led.scheduled, dtype=float))
     for p, cfg in enumerate(world.pools):
         mine = aborted & (pool == p)
-        if p < len(result.service_s) and result.service_s[p] is not None:
+        if result.service_times(p) is not None:
             # a classical server runs an aborted request to the end of its service: all of it is lost
             waste[mine] = np.where(scheduled[mine], cost[mine], 0.0)
         else:

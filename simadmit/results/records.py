@@ -88,7 +88,7 @@ def true_cost(
     cost = np.zeros(len(rid))
     for p, cfg in enumerate(world.pools):
         mine = pool == p
-        service = result.service_s[p] if p < len(result.service_s) else None
+        service = result.service_times(p)
         if service is not None:
             cost[mine] = service[rid[mine]] * cfg.gpus_per_replica
         else:

@@ -53,6 +53,10 @@ class RunResult:
     # per pool: each request's service time on a classical server (None: a batching engine's pool)
     service_s: list[np.ndarray | None] = field(default_factory=list)
 
+    def service_times(self, pool: int) -> np.ndarray | None:
+        """Each request's service time on pool `pool` when it is a classical server, else None."""
+        return self.service_s[pool] if pool < len(self.service_s) else None
+
 
 def policy_requests(workload: Workload) -> list[Request]:
     """The gateway-visible view of every request, built once and shared by all policies."""

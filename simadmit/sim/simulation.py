@@ -120,7 +120,7 @@ class Simulation(RequestListener):
                     CostEstimator.from_profile(cfg.gateway_profile), cfg.priorities,
                 )
             )  # fmt: skip
-        self.api_latency = [world.seen_latency_s(p) for p in range(len(world.pools))]  # engine -> client
+        self.seen_latency = [world.seen_latency_s(p) for p in range(len(world.pools))]  # engine -> client
         # what the gateways charged each request, per pool (every request starts at its max_tokens estimate)
         self.charged = [
             CostEstimator.from_profile(cfg.gateway_profile).estimate_many(
@@ -318,7 +318,7 @@ class Simulation(RequestListener):
 
     def on_first_token(self, rid: int, now: float) -> None:
         led = self.ledger
-        seen = now + self.api_latency[led.pool[rid]]  # as the client (and a gateway streaming it) sees it
+        seen = now + self.seen_latency[led.pool[rid]]  # as the client (and a gateway streaming it) sees it
         led.first_token[rid] = seen
         if self.views is not None:
             view = self.views[self.sender[rid]]
@@ -329,7 +329,7 @@ class Simulation(RequestListener):
     def on_finish(self, rid: int, now: float) -> None:
         self.waiting_with_deadline.pop(rid, None)
         led = self.ledger
-        seen = now + self.api_latency[led.pool[rid]]
+        seen = now + self.seen_latency[led.pool[rid]]
         led.finish[rid] = seen
         led.outcome[rid] = COMPLETED
         self._release(rid)

@@ -6,6 +6,7 @@ its backend measure it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from simadmit.admission.view import ReplicaLoad
 from simadmit.calibrate.api_latency import measure_gateway_latency
 from simadmit.calibrate.client import discover
 from simadmit.config.loading import scenario_from_dict
+from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
 from simadmit.study.runner import run_scenario
 from tests.fake_vllm import FakeVllm
@@ -31,7 +33,7 @@ from tests.test_invariants import _small_doc
 LATENCY = 0.04
 
 
-def _spec(latency: float, policy: dict) -> object:
+def _spec(latency: float, policy: dict) -> ScenarioSpec:
     doc = _small_doc()
     doc["gateway"]["latency_s"] = latency
     doc["policies"] = [policy]
@@ -45,7 +47,7 @@ def test_clients_see_it_once_and_the_engines_never(policy: dict) -> None:
     """The same scenario and seed with and without the latency, under policies that do not predict first
     tokens: the same decisions and engine schedule, each answer's TTFT and E2E longer by exactly it."""
     base, late = (
-        run_scenario(spec, build_world(spec, ROOT), keep_tables=True).requests  # type: ignore[arg-type]
+        run_scenario(spec, build_world(spec, ROOT), keep_tables=True).requests
         for spec in (_spec(0.0, policy), _spec(LATENCY, policy))
     )
     for col in ("decision", "reason", "attempt_s", "admit_s", "scheduled_s", "replica"):
@@ -61,7 +63,7 @@ def test_simulated_and_live_gateways_predict_first_tokens_that_late(tmp_path: Pa
     predicted first token, idle or busy, so a learned correction need not stand in for a fixed cost."""
     load = ReplicaLoad(running=6, prefill_tokens=300, max_seqs=8, kv_used=4000, kv_capacity=10**6)
     policy = {"kind": "predicted_ttft"}
-    without, with_it = (build_world(_spec(x, policy), ROOT).engine_models()[0] for x in (0.0, LATENCY))  # type: ignore[arg-type]
+    without, with_it = (build_world(_spec(x, policy), ROOT).engine_models()[0] for x in (0.0, LATENCY))
     assert with_it.ttft(load, 500, 100.0) - without.ttft(load, 500, 100.0) == pytest.approx(
         LATENCY, abs=1e-12
     )
@@ -83,7 +85,7 @@ def _slow_proxy(backend: str, delay_s: float) -> Starlette:
             client.build_request("POST", f"{backend}/v1/completions", content=body), stream=True
         )
 
-        async def relay():  # type: ignore[no-untyped-def]
+        async def relay() -> AsyncIterator[bytes]:
             try:
                 async for chunk in upstream.aiter_raw():
                     yield chunk

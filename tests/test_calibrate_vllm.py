@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simadmit.calibrate.client import Attempt, discover, stream_completion, tokenize
-from simadmit.calibrate.fit import decode_step_s, observations
+from simadmit.calibrate.fit import FitThresholds, decode_step_s, observations
 from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
@@ -132,6 +133,13 @@ def test_continuous_batching_is_visible(calibrated: Calibrated) -> None:
 
 
 def test_profile_reports_its_fit(calibrated: Calibrated) -> None:
+    """The profile carries its fit's figures, and its R^2 is the step model's on the fitted points of the CSV,
+    recomputed here, with the on-screen warning exactly when it is below the threshold.
+
+    R^2 is not held to a bound near 1: over absolute seconds it is ruled by the longest points, so one slow
+    stretch of a shared CPU moves it a lot (0.98 on a quiet 2-core machine; 0.78 once on another, whose run
+    also warned of a phase predicted 25% off). How well the model predicts is what the held-out tests below
+    check, against tolerances sized from the server's noise."""
     p = calibrated.profile
     assert p.engine.max_model_len == 2048 and p.engine.max_num_seqs == MAX_NUM_SEQS
     assert p.step_time.overhead_s > 0 and p.step_time.per_prefill_token_s > 0
@@ -139,7 +147,14 @@ def test_profile_reports_its_fit(calibrated: Calibrated) -> None:
     assert {"points", "r2", "phases", "ttft_offset_s", "client_overhead", "faults_retried"} <= set(fit)
     assert {"prefill", "decode", "mixed", "saturation"} <= set(fit["phases"])  # type: ignore[arg-type]
     assert "prefill" in fit["held_out"]  # type: ignore[operator]  # every fifth request, reported by band
-    assert fit["r2"] > 0.8  # type: ignore[operator]
+    obs, _ = observations(read_measurements(calibrated.csv_path), MAX_NUM_BATCHED_TOKENS)
+    fitted = [o for o in obs if not o.held_out]
+    assert len(fitted) == fit["points"]
+    measured = np.array([o.seconds for o in fitted])
+    predicted = np.array([o.predict(p.step_time, float(fit["ttft_offset_s"])) for o in fitted])  # type: ignore[arg-type]
+    r2 = 1 - np.sum((measured - predicted) ** 2) / np.sum((measured - measured.mean()) ** 2)
+    assert 0 < fit["r2"] <= 1 and abs(fit["r2"] - r2) < 2e-3, (fit["r2"], r2)  # type: ignore[operator]
+    assert ("poor fit: R^2" in calibrated.resumed.stdout) == (r2 < FitThresholds().min_r2)
     assert "R^2" in calibrated.resumed.stdout and "client overhead" in calibrated.resumed.stdout
     # the latency outside the engine, read off vLLM's own clocks (7-9 ms measured on a quiet 2-core VM)
     assert fit["ttft_offset_source"] == "measured" and 0 < p.api_latency_s < 0.1, p.api_latency_s

@@ -151,6 +151,24 @@ def test_a_request_submitted_during_a_step_shows_in_the_gauges_when_the_next_ste
     assert seen == [(1, 0, 10), (1, 0, 14), (1, 0, 15), (1, 1, 16), (1, 1, 59)]
 
 
+def test_the_kv_gauge_counts_whole_blocks() -> None:
+    """vLLM's `kv_cache_usage_perc` is blocks in use over blocks: a part-filled last block counts whole. The
+    run of the test above with 8-token blocks: A's KV tokens 10, 14, 15, 16 and 59 (the last two read inside
+    a fast-forwarded stretch) hold 2, 2, 2, 2 and 8 blocks; with B's first chunk (10 tokens, 2 blocks) too,
+    once B runs. A gateway that read exact tokens would price every batch's attention short by about half a
+    block per sequence."""
+    one_slot = BatchLimits(
+        max_num_seqs=1, max_num_batched_tokens=100, kv_capacity_tokens=10_000, kv_block_size=8
+    )
+    seen = _gauges_at(one_slot, [(0.0, 10, 100), (0.055, 10, 5)], [0.015, 0.0545, 0.065, 0.075, 0.5])
+    assert seen == [(1, 0, 16), (1, 0, 16), (1, 0, 16), (1, 1, 16), (1, 1, 64)]
+    two_slots = BatchLimits(
+        max_num_seqs=2, max_num_batched_tokens=100, kv_capacity_tokens=10_000, kv_block_size=8
+    )
+    seen = _gauges_at(two_slots, [(0.0, 10, 100), (0.055, 10, 5)], [0.075])
+    assert seen == [(2, 0, 16 + 16)]
+
+
 # --- simulated gateways --------------------------------------------------------------------------------------
 
 BUDGET = 12.0

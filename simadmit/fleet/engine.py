@@ -31,7 +31,7 @@ there. Step boundaries are processed after every other event of their instant, s
 together start together.
 
 The engine publishes gauges as vLLM's /metrics does (`gauges`): the running and waiting requests and the KV
-tokens held as they stood at the end of the last finished step. vLLM takes new requests in between steps
+blocks held as they stood at the end of the last finished step. vLLM takes new requests in between steps
 and publishes its scheduler's counts once a step is over, so a request submitted during a step shows in the
 gauges only at the end of the next one. Within a fast-forwarded stretch the gauges of its finished steps are
 derived from the stretch (the batch and queue only change at its end, save the submissions it records).
@@ -287,7 +287,8 @@ class BatchingEngine(Engine):
 
     def gauges(self, now: float) -> tuple[int, int, int]:
         """(running, waiting, KV tokens held) as vLLM's gauges read at `now`: at the end of the last step
-        finished, without the requests submitted during that step (see module docstring)."""
+        finished, without the requests submitted during that step (see module docstring). KV is held in
+        whole blocks, as vLLM's `kv_cache_usage_perc` counts it (a sequence's part-filled last block too)."""
         k = self.seg_k
         elapsed = now - self.seg_start
         if k > 1 and elapsed >= self.seg_A:  # a stretch: its finished steps only decoded, nobody left
@@ -295,7 +296,8 @@ class BatchingEngine(Engine):
             if m >= 1:
                 start = self.seg_start + (m - 1) * self.seg_A + self.seg_B * (m - 1) * (m - 2) / 2
                 late = len(self.submitted_at) - bisect_left(self.submitted_at, start)
-                return self.seg_n_dec, max(0, self.n_waiting - late), self.kv_used + self.seg_n_dec * (m - 1)
+                blocks = self.blocks_used + self._extra_blocks(m - 1)
+                return self.seg_n_dec, max(0, self.n_waiting - late), blocks * self.block
         return self.pub_running, self.pub_waiting, self.pub_kv
 
     # --- the step loop -------------------------------------------------------------------------------
@@ -619,7 +621,7 @@ class BatchingEngine(Engine):
             late = 0
         self.pub_running = len(self.prefilling) + len(self.decoders)
         self.pub_waiting = max(0, self.n_waiting - late)
-        self.pub_kv = self.kv_used
+        self.pub_kv = self.blocks_used * self.block
         if freed:
             listener.on_slot_free(self.index)
         self._start_step()

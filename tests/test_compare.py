@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +239,22 @@ def test_compare_reads_a_real_folder_with_unanswered_requests(tmp_path: Path) ->
     assert rows.loc[("all", "failure_rate"), "real_mean"] == pytest.approx(lost.mean(), abs=0.01)
     assert ("all", "served_ttft_p99_s") in rows.index
     assert json.loads((out / "compare.json").read_text())["pass"] is False
+
+
+def test_a_simulation_folder_written_over_in_part_is_refused_and_a_partial_one_noted(tmp_path: Path) -> None:
+    """A simulate folder whose requests table is another run's of the same requests (not the one its manifest
+    lists) would compare a mix of two runs: one line, exit 2. A folder an interrupted `simulate` left holds
+    whole runs, fewer than asked: compared, with a note saying so."""
+    sim = simulated(tmp_path)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(sim, mixed)
+    table = pd.read_parquet(sim / "requests.parquet")
+    table.assign(ttft_s=2 * table["ttft_s"], e2e_s=2 * table["e2e_s"]).to_parquet(mixed / "requests.parquet")
+    refused = CliRunner().invoke(app, ["compare", str(mixed), str(sim)])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert f"{mixed}: incomplete folder: requests.parquet is" in " ".join(refused.output.split())
+    manifest = json.loads((sim / "manifest.json").read_text())
+    (sim / "manifest.json").write_text(json.dumps({**manifest, "partial": True}))
+    noted = CliRunner().invoke(app, ["compare", str(sim), str(sim)])
+    assert noted.exit_code == 0 and "verdict: PASS" in noted.stdout, noted.output
+    assert f"note: {sim}/ holds an interrupted run" in " ".join(noted.stderr.split())

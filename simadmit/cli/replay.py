@@ -30,7 +30,14 @@ from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
 from simadmit.loadgen.tables import OUTCOME, write_run
 from simadmit.results.compare import Run, compare, load_runs, overall, run_dirs
 from simadmit.results.compare_plots import cdf_files
-from simadmit.results.run_folder import Writer, add_files, check_destination, held_run, write_text
+from simadmit.results.run_folder import (
+    Writer,
+    add_files,
+    check_destination,
+    held_run,
+    interrupted_note,
+    write_text,
+)
 
 
 def replay_command(
@@ -190,6 +197,7 @@ def compare_command(
             check_destination(out, replace=False, command="compare")
         reals = run_dirs(real_dirs)
         sim = _runs(sim_dir, policy)
+        partial = interrupted_note(sim_dir)
         real_by_dir = [(d, _runs(d, None)) for d in reals]
         _same_request_list([(sim_dir, sim), *real_by_dir])
         real = [r for _, runs in real_by_dir for r in runs]
@@ -202,6 +210,8 @@ def compare_command(
         warmup = _checked_warmup(given, [*sim, *real], source)
     except InputError as e:
         fail(e.problems)
+    if partial:
+        Console(stderr=True, soft_wrap=True).print(partial)
     table = compare(sim, real, warmup)
     console = Console() if Console().is_terminal else Console(width=160)
     shown = Table(

@@ -26,7 +26,7 @@ from simadmit.config.loading import load_scenario, scenario_from_dict
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
-from simadmit.results.run_folder import check_destination, held_run, read_manifest
+from simadmit.results.run_folder import check_destination, held_run, interrupted_note
 from simadmit.study.backends import Backend, process_map, run_sweep
 from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
@@ -429,10 +429,8 @@ def plot(
     Console(soft_wrap=True).print(
         f"{len(written)} files in {directory}/: " + ", ".join(sorted({p.stem for p in written}))
     )
-    if read_manifest(directory).get("partial"):
-        Console(stderr=True, soft_wrap=True).print(
-            f"note: {directory}/ holds an interrupted run: only the runs that finished (manifest.json)"
-        )
+    if note := interrupted_note(directory):
+        Console(stderr=True, soft_wrap=True).print(note)
 
 
 def register(app: typer.Typer) -> None:

@@ -33,6 +33,7 @@ import pandas as pd
 from simadmit.config.errors import InputError, problem
 from simadmit.results import summary
 from simadmit.results.histogram import LatencyHistogram, pooled
+from simadmit.results.run_folder import MANIFEST, read_manifest
 
 LATENCIES = ("ttft", "itl", "e2e")
 # percentile measure -> (histogram, quantile, over every arrival): the summary's, plus inter-token latency
@@ -119,7 +120,7 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
         raise InputError(
             [problem(folder, None, "no requests.parquet here (not a simulate or replay folder)")]
         )
-    _check_whole(folder / "replay.json")
+    _check_whole(folder)
     table = pd.read_parquet(path)
     _check_table(path, table)
     policies = sorted(table["policy"].astype(str).unique())
@@ -138,8 +139,13 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
     ]
 
 
-def _check_whole(facts: Path) -> None:
-    """`InputError` for a replay Ctrl-C stopped: its requests are the ones that ended first, not the run's."""
+def _check_whole(folder: Path) -> None:
+    """`InputError` for a folder whose runs are not whole: a simulate folder whose files are not the ones its
+    manifest lists (a run written over part of another), or a replay Ctrl-C stopped (its requests are the ones
+    that ended first, not the run's). A bare requests table, with neither, is taken as it is."""
+    if (folder / MANIFEST).is_file():
+        read_manifest(folder)
+    facts = folder / "replay.json"
     try:
         run = json.loads(facts.read_text())
     except (OSError, ValueError):

@@ -164,6 +164,13 @@ def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, 
         raise _failed(out, e, "its tables are not marked complete until a run writes them all") from None
 
 
+def interrupted_note(directory: Path) -> str | None:
+    """The note for a folder an interrupted run wrote (its manifest says `partial`), else None."""
+    if (directory / MANIFEST).is_file() and read_manifest(directory).get("partial"):
+        return f"note: {directory}/ holds an interrupted run: only the runs that finished (manifest.json)"
+    return None
+
+
 def read_manifest(directory: Path) -> dict[str, object]:
     """The manifest of a complete folder; `InputError` when it is missing or its files do not match."""
     path = directory / MANIFEST

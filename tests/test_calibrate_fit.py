@@ -175,7 +175,8 @@ BASE = Measurement(
 
 def test_observations_count_prefills_inside_a_decode_window_and_drop_burst_artifacts() -> None:
     """Request A decodes from t=100.1 to 100.6; B's first token at 100.3 means B's 128-token prefill ran
-    inside A's window. C's stream was held back and flushed at once (a 1 ms window): set aside."""
+    inside A's window, and B decoded beside A for 0.3 s of its 0.5: A's 10 steps carried 1.6 sequences on
+    average, not the cell's 2. C's stream was held back and flushed at once (a 1 ms window): set aside."""
     a = replace(BASE, seq=0)
     b = replace(BASE, seq=1, start_unix_s=100.2)
     c = replace(BASE, seq=2, start_unix_s=100.9, itl_mean_s=0.0001)
@@ -184,8 +185,37 @@ def test_observations_count_prefills_inside_a_decode_window_and_drop_burst_artif
     assert discarded == 1
     window_a, window_b = obs
     assert window_a.seconds == pytest.approx(0.5)
-    assert (window_a.prefill_tokens, window_a.steps, window_a.decode_seqs) == (128, 10, 20)
+    assert (window_a.prefill_tokens, window_a.steps) == (128, 10)
+    assert window_a.decode_seqs == pytest.approx(10 * 1.6)
+    assert window_a.context_tokens == pytest.approx(10 * 1.6 * (128 + 11 / 2) + 128)  # B's prompt joins once
     assert window_b.prefill_tokens == 0
+
+
+def _wave(
+    step: StepTimeModel, workers: int, start: float, seq: int, prompt: int, output: int
+) -> list[Measurement]:
+    """`workers` requests of one decode cell sent together to an engine doing nothing else: their first tokens
+    after the batch's prefill, then `output` - 1 decode steps of the whole batch (the engine's step model)."""
+    context = workers * (prompt + output / 2)
+    prefill = step.step_time(workers * prompt, 0, workers * prompt)
+    itl = step.step_time(0, workers, context)
+    return [
+        replace(BASE, concurrency=8, seq=seq + k, start_unix_s=start, prompt_tokens=prompt, prompt_tokens_target=prompt,
+                output_tokens=output, output_tokens_target=output, ttft_s=prefill, itl_mean_s=itl)
+        for k in range(workers)
+    ]  # fmt: skip
+
+
+def test_the_batch_of_a_decode_window_is_the_decode_windows_overlapping_it() -> None:
+    """A cell at concurrency 8 whose last wave had only 3 workers left (the others' time was up): those 3
+    requests decoded in a batch of 3, which the cell's nominal 8 would price as a batch of 8. Read from the
+    overlapping windows, every window of both waves is predicted exactly by the step model that made it."""
+    step = step_of(TRUE)
+    rows = _wave(step, 8, 100.0, 0, 128, 33) + _wave(step, 3, 200.0, 8, 128, 33)
+    obs, _ = observations(rows, token_budget=2048)
+    assert [round(o.decode_seqs / o.steps, 9) for o in obs] == [8.0] * 8 + [3.0] * 3
+    for o in obs:
+        assert o.predict(step) == pytest.approx(o.seconds, rel=1e-9)
 
 
 def test_prefill_longer_than_the_token_budget_takes_several_steps() -> None:

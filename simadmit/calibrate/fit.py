@@ -121,7 +121,7 @@ def ttft_observation(
 
 
 def decode_observation(
-    concurrency: int,
+    batch: float,
     prompt_tokens: int,
     output_tokens: int,
     interfering_prompt_tokens: float = 0.0,
@@ -129,20 +129,20 @@ def decode_observation(
     phase: str = "decode",
     interfering_attention_pairs: float = 0.0,
     interfering_prefills: int = 0,
+    context_tokens: float | None = None,
 ) -> Observation:
-    """The decode window of one request (first to last token: output - 1 steps) in a batch of `concurrency`
-    sequences, each holding its prompt and half its output on average. Other requests whose prefill ran
-    inside the window (`interfering_prefills` of them, with these prompt tokens and attention pairs) share
-    their steps with the decodes (chunked prefill): those steps carry a prompt each, the others only decode."""
+    """The decode window of one request (first to last token: output - 1 steps) in a batch of `batch`
+    decoding sequences on average, holding `context_tokens` KV tokens per step (default: each sequence its
+    prompt and half its output, as this one). Other requests whose prefill ran inside the window
+    (`interfering_prefills` of them, with these prompt tokens and attention pairs) share their steps with the
+    decodes (chunked prefill): those steps carry a prompt each, the others only decode."""
     steps = output_tokens - 1
-    context = concurrency * (prompt_tokens + output_tokens / 2)
+    context = batch * (prompt_tokens + output_tokens / 2) if context_tokens is None else context_tokens
     mixed = min(steps, interfering_prefills) if interfering_prompt_tokens else 0
-    groups = [Steps(steps - mixed, 0.0, concurrency, context)]
+    groups = [Steps(steps - mixed, 0.0, batch, context)]
     if mixed:
         tokens = interfering_prompt_tokens / mixed
-        groups.append(
-            Steps(mixed, tokens, concurrency, context + tokens, interfering_attention_pairs / mixed)
-        )
+        groups.append(Steps(mixed, tokens, batch, context + tokens, interfering_attention_pairs / mixed))
     return Observation(phase, tuple(g for g in groups if g.count), 0.0, seconds, prompt_tokens=prompt_tokens)
 
 
@@ -173,11 +173,16 @@ def observations(
     """The fit's data from successful rows, and how many were set aside as delivery artifacts.
 
     Prefill-sweep rows give their TTFT; decode, context, mixed and saturation rows their decode window, timed from
-    first to last token so chunks arriving in bursts do not matter; prefills of other requests inside a
-    window are found from their first-token times. Each observation says whether its request is held out.
+    first to last token so chunks arriving in bursts do not matter. Prefills of other requests inside a
+    window are found from their first-token times, and the batch it decoded in from the other decode windows
+    overlapping it: a cell's nominal concurrency overstates the batch wherever its workers are out of step
+    (one is still prefilling, another's last request has ended), and a fit that took it at face value would
+    price full batches too cheaply. Each observation says whether its request is held out.
     """
     ok = [r for r in rows if r.ok]
     first_token = np.array([r.start_unix_s + r.ttft_s for r in ok])
+    last_token = first_token + np.array([_decode_window(r) for r in ok])
+    held = np.array([r.prompt_tokens + r.output_tokens / 2 for r in ok])  # KV a sequence holds on average
     order = np.argsort(first_token)
     first_sorted = first_token[order]
     prompt_cumsum = np.concatenate(([0.0], np.cumsum([ok[i].prompt_tokens for i in order])))
@@ -197,13 +202,15 @@ def observations(
     ]
     for r in kept_decode:
         t0 = r.start_unix_s + r.ttft_s
-        window = r.itl_mean_s * (r.output_tokens - 1)
+        window = _decode_window(r)
+        # each decode window's share of this one: the batch (this request included) and its KV, on average
+        share = np.clip(np.minimum(last_token, t0 + window) - np.maximum(first_token, t0), 0.0, None) / window
         # Requests prefilled in the same step as this one's first token reach the client a few microseconds
         # apart: only first tokens at least half a step later (up to half a step after the last) interfere.
         half_step = r.itl_mean_s / 2
         lo, hi = np.searchsorted(first_sorted, [t0 + half_step, t0 + window + half_step], side="right")
         o = decode_observation(
-            r.concurrency,
+            float(share.sum()),
             r.prompt_tokens,
             r.output_tokens,
             float(prompt_cumsum[hi] - prompt_cumsum[lo]),
@@ -211,10 +218,16 @@ def observations(
             r.phase,
             float(pairs_cumsum[hi] - pairs_cumsum[lo]),
             int(hi - lo),
+            float(share @ held),
         )
         out.append(replace(o, held_out=held_out(r)))
     discarded = len(prefill) + len(decode) - len(out)
     return out, discarded
+
+
+def _decode_window(row: Measurement) -> float:
+    """Seconds from a request's first token to its last (0 for an answer of one token)."""
+    return row.itl_mean_s * (row.output_tokens - 1) if row.output_tokens > 1 and row.itl_mean_s > 0 else 0.0
 
 
 def decode_step_s(step: StepTimeModel, concurrency: int, prompt_tokens: int, output_tokens: int) -> float:

@@ -79,10 +79,10 @@ def allowance(real_mean: float, real_range: float, requests: int) -> float:
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 @pytest.mark.xfail(
-    reason="at 1.5x capacity the simulation rejected 9-19 points fewer than the real server in the runs "
-    "measured on a shared 2-core machine (18% vs 27% and 19% vs 37% here, 42% vs 53.5% over 3 x 45 s in the "
-    "benchmark), and 9 points fewer (34% vs 43%, inside the tolerance) on a quiet one: closer to the edge of "
-    "the 2-point target plus the noise of ~45 requests than a test should run",
+    reason="the rejection gap left follows the shared machine's speed between calibration and replay, both "
+    "ways (up to 4.5 points at 1-1.5x capacity in the benchmark's recent runs, README), and a test's 20 s "
+    "repeats share the engine's core with the test process: too close to the 2-point target plus the noise "
+    "of ~45 requests to be a strict check",
     strict=False,
 )
 def test_one_gateway_rejects_as_simulated_at_two_loads(

@@ -27,10 +27,11 @@ def classical_scenario(
     abandon_after_s: float | None = None,
     gateways: int = 1,
     clients: dict | None = None,
+    routing: str = "least_loaded",
 ) -> ScenarioSpec:
     """A textbook queue: Poisson arrivals (or `arrival`), `servers` batch-of-1 servers, live view, no
     retries; clients wait for their answer `abandon_after_s` at most (default: for ever). `clients` sets
-    other client settings (retries, backoff)."""
+    other client settings (retries, backoff); `routing` how immediate dispatch picks a server."""
     return scenario_from_dict(
         {
             "name": "queue",
@@ -62,7 +63,7 @@ def classical_scenario(
                 "replicas": gateways,
                 "poll_interval_s": 0,
                 "dispatch": dispatch,
-                "routing": "least_loaded",
+                "routing": routing,
             },
             "clients": {"max_retries": 0, "abandon_after_s": abandon_after_s, **(clients or {})},
             "policies": [policy or {"kind": "unconditional"}],

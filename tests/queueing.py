@@ -35,6 +35,21 @@ def mmck_blocking(lam: float, mu: float, c: int, k: int) -> float:
     return weights[k] / sum(weights)
 
 
+def mmck_wait(lam: float, mu: float, c: int, k: int) -> tuple[float, float]:
+    """M/M/c/K, of the arrivals let in (those that find fewer than K in the system): the probability of
+    waiting, P(c <= N < K) / (1 - P(N = K)) by PASTA, and the mean wait, L_q / (lambda (1 - P(N = K))) by
+    Little's law on the admitted stream, L_q = sum over n > c of (n - c) P(N = n)."""
+    a = lam / mu
+    weights = [
+        a**n / math.factorial(n) if n <= c else a**n / (math.factorial(c) * c ** (n - c))
+        for n in range(k + 1)
+    ]
+    law = [w / sum(weights) for w in weights]
+    admitted = 1 - law[k]
+    queued = sum((n - c) * p for n, p in enumerate(law) if n > c)
+    return sum(law[c:k]) / admitted, queued / (lam * admitted)
+
+
 def md1_mean_wait(lam: float, service: float) -> float:
     """Pollaczek-Khinchine: mean wait of M/D/1 = rho * D / (2 (1 - rho))."""
     rho = lam * service

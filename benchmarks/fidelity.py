@@ -3,7 +3,7 @@
 Starts the vLLM CPU server the tests use (SmolLM2-135M, tests/vllm_server.py), calibrates it with `simadmit
 calibrate`, measures its capacity for the workload below (a burst of requests over its makespan), then at
 each load (a fraction of that capacity) and arrival kind (Poisson, and bursty: gamma renewal with CV 3; or
-the Azure conversation trace's rate curve and burstiness) replays the workload `--repeats` times open-loop,
+on-off bursts, or the Azure conversation trace's rate curve and burstiness) replays the workload `--repeats` times open-loop,
 simulates the request list the first repeat sent on the calibrated profile, and writes the `compare`
 report. The repeats are the noise floor: the spread of the real system against itself. They are taken in
 rounds, each replaying every point once, so a drift of the machine's speed over the hour (a lone request
@@ -72,11 +72,13 @@ from simadmit.study.runner import run_scenario  # noqa: E402
 
 AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv_first2000.csv"
 # The Azure conversation trace is close to Poisson over a minute (inter-arrival CV 1.14, and its rate curve
-# in the first minute runs ~30% under its mean), so the bursty case is a gamma renewal with CV 3; `trace`
-# (the trace's fitted rate curve and burstiness) is there to run on request.
+# in the first minute runs ~30% under its mean), so the bursty case is a gamma renewal with CV 3; `onoff`
+# (bursts at 20x the calm rate lasting ~3 s, every ~20 s: a queue builds and drains within a run) and
+# `trace` (the trace's fitted rate curve and burstiness) are there to run on request.
 ARRIVALS = {
     "poisson": {"kind": "poisson"},
     "bursty": {"kind": "gamma", "cv": 3.0},
+    "onoff": {"kind": "mmpp", "burst_factor": 20.0, "calm_s": 20.0, "burst_s": 3.0},
     "trace": {"kind": "fit", "trace": {"path": AZURE, "format": "azure"}, "bin_s": 10},
 }
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")

@@ -243,6 +243,7 @@ BAD_BACKENDS = [
     ),
     ("dns+http://svc:http", "--backend: 'http://svc:http': the port must be a number from 1 to 65535"),
     ("http://h:8000 http://h:8000/", "--backend http://h:8000/: that backend is already given"),
+    ("http://h:8000 http://h:8000/v1/", "--backend http://h:8000/v1/: that backend is already given"),
 ]
 
 
@@ -263,6 +264,22 @@ def test_a_backend_url_that_cannot_be_reached_is_one_line_before_listening(backe
         r = CliRunner().invoke(app, ["gateway", *backends, "--host", "127.0.0.1", "--port", port])
     assert r.exit_code == 2, r.output
     assert r.output.strip().splitlines() == [f"error: {line}"], r.output
+
+
+@pytest.mark.parametrize(
+    ("backend", "root"),
+    [("http://h:8000/v1/", "http://h:8000"), ("dns+http://svc:8000/v1", "dns+http://svc:8000")],
+)
+def test_a_backend_given_as_its_openai_base_url_is_its_server_root(backend: str, root: str) -> None:
+    """`--backend http://host:8000/v1`, the base URL an OpenAI client takes, is the server at
+    http://host:8000: the gateway adds /v1/completions and /metrics itself (it used to poll /v1/metrics,
+    find the backend unavailable and refuse every request with a 429)."""
+    from simadmit.config.loading import load_scenario
+    from simadmit.config.resources import resolve_scenario
+    from simadmit.serve.settings import assign_backends
+
+    spec, _ = load_scenario(resolve_scenario(None), {}, workload_traces=False)  # the default: one pool
+    assert assign_backends(spec, [backend]) == ((root,),)
 
 
 def test_kubernetes_example_scenario_is_valid() -> None:

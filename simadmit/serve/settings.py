@@ -62,7 +62,9 @@ def pick_policy(spec: ScenarioSpec, name: str | None) -> str:
 
 
 def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str, ...], ...]:
-    """Each pool's backend URLs from `URL` (a single pool) or `POOL=URL` arguments."""
+    """Each pool's backend URLs from `URL` (a single pool) or `POOL=URL` arguments, each as its server's
+    root: `http://host:8000/v1/`, the base URL OpenAI clients are given, is `http://host:8000` (kept as given,
+    the gateway polled `/v1/metrics` and forwarded to `/v1/v1/completions`, and refused every request)."""
     pools = [p.name for p in spec.pools]
     found: dict[str, list[str]] = {name: [] for name in pools}
     named = set()  # pools some argument names, even a bad one: that argument's problem is the one to tell
@@ -80,15 +82,16 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
         elif not url.startswith(("http://", "https://", "dns+http://", "dns+https://")):
             problems.append(f"--backend {arg}: the URL must start with http://, https:// or dns+http://")
         else:
-            try:
-                normalize_base_url(url.removeprefix(DNS_PREFIX), "--backend")  # a host, a port in range
+            dns = DNS_PREFIX if url.startswith(DNS_PREFIX) else ""
+            try:  # a host, a port in range; kept as the server's root (the gateway adds /v1/..., /metrics)
+                url = dns + normalize_base_url(url.removeprefix(dns), "--backend")
             except InputError as e:
                 problems += e.problems
                 continue
-            if any(url.rstrip("/") in urls for urls in found.values()):  # one server counted as two replicas
+            if any(url in urls for urls in found.values()):  # one server counted as two replicas
                 problems.append(f"--backend {arg}: that backend is already given")
                 continue
-            found[name].append(url.rstrip("/"))
+            found[name].append(url)
     problems += [f"--backend: pool {n!r} has no backend" for n in pools if n not in named]
     if problems:
         raise InputError(problems)

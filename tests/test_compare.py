@@ -43,6 +43,18 @@ def test_a_folder_compared_with_itself_has_zero_error_and_passes(tmp_path: Path)
     assert {p.name for p in out.glob("cdf_*.png")} == {"cdf_chat.png", "cdf_bulk.png", "cdf_all.png"}
 
 
+def test_a_report_written_over_a_previous_one_keeps_none_of_its_plots(tmp_path: Path) -> None:
+    """`compare --out` given the folder of an earlier report replaces it: the plot of a tier only the earlier
+    report had is removed, not left beside the new report as if it were one of its own."""
+    sim = simulated(tmp_path)
+    out = tmp_path / "report"
+    assert CliRunner().invoke(app, ["compare", str(sim), str(sim), "--out", str(out)]).exit_code == 0
+    (out / "cdf_interactive.png").write_bytes((out / "cdf_all.png").read_bytes())  # the earlier report's tier
+    result = CliRunner().invoke(app, ["compare", str(sim), str(sim), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.glob("cdf_*.png")} == {"cdf_chat.png", "cdf_bulk.png", "cdf_all.png"}
+
+
 def _run(ttft: list[float], e2e: list[float], outcome: list[str] | None = None, seed: int = 0) -> Run:
     n = len(ttft)
     attempts = pd.DataFrame(

@@ -241,11 +241,24 @@ def compare_command(
             "compare.json": lambda p: write_text(p, text),
             **cdf_files(sim, real, tiers, warmup),
         }
+        stale = _stale_plots(out, files)
         try:
             add_files(out, files)
+            for plot in stale:
+                plot.unlink(missing_ok=True)
         except InputError as e:
             fail(e.problems)
+        except OSError as e:
+            fail([f"{out}: could not remove the previous report's plot ({e.strerror or e}); remove it"])
         console.print(f"table and CDF plots in {out}/")
+
+
+def _stale_plots(out: Path, files: dict[str, Writer]) -> list[Path]:
+    """The CDF plots of the previous compare report in `out` that this one does not draw (a tier it no
+    longer has): left there, they would sit beside the new report as if they were part of it."""
+    if held_run(out) != "compare":
+        return []
+    return sorted(p for p in out.glob("cdf_*.png") if p.name not in files)
 
 
 def _runs(folder: Path, policy: str | None) -> list[Run]:

@@ -66,6 +66,22 @@ def test_parse_poll_reads_kv_capacity_and_prompt_counter() -> None:
     assert parse_poll('vllm:num_requests_running{engine="0"} 1.0\n') == Poll(EngineGauges(1.0, 0.0, 0.0))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<html><body>It works!</body></html>\n",  # a web server answering every path
+        "# TYPE simadmit_gateway_requests_total counter\nsimadmit_gateway_requests_total 3.0\n",  # a gateway
+        "",
+    ],
+    ids=["html", "another-gateway", "empty"],
+)
+def test_a_metrics_page_without_vllm_gauges_is_a_failed_poll(text: str) -> None:
+    """A backend whose /metrics answers without vLLM's request gauges is not read as an idle engine (the
+    gateway admitted to it blind, at every poll): the poll fails, and the backend goes stale."""
+    with pytest.raises(ValueError, match="not a vLLM server's /metrics"):
+        parse_poll(text)
+
+
 def test_replica_load_is_own_unanswered_prompts_plus_others_waiting_at_the_mean_prompt() -> None:
     """3 own requests of 100, 300 and 200 tokens, the first answering: 2 pending with 500 prompt tokens.
     vLLM reports 4 running and 5 waiting: 3 of the waiting are other gateways', each priced at this gateway's

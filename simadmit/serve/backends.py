@@ -49,7 +49,12 @@ class Poll:
 
 
 def parse_poll(text: str) -> Poll:
-    """A backend's /metrics text as a `Poll` (ValueError when it is not the exposition format)."""
+    """A backend's /metrics text as a `Poll`; ValueError when it is not the exposition format, or not a
+    vLLM server's: a page without `vllm:num_requests_running` (an HTML page, another gateway's metrics) would
+    read as an idle engine at every poll, and the gateway would admit to it blind. A poll that fails leaves
+    the backend stale, as one that does not answer."""
+    if "vllm:num_requests_running" not in text:
+        raise ValueError("no vllm:num_requests_running gauge: not a vLLM server's /metrics")
     cache = parse_cache_config(text)
     # a counter, one sample per engine: only its lines go to the parser (the whole page is slow to parse)
     lines = "".join(line + "\n" for line in text.splitlines() if line.startswith(PROMPT_TOKENS))

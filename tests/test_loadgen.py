@@ -238,6 +238,24 @@ def test_metrics_counters_are_summed_over_engines_and_missing_ones_are_nan() -> 
     assert totals["preemptions_total"] == 2 and np.isnan(totals["generation_tokens_total"])
 
 
+def test_a_metrics_page_that_is_not_vllms_leaves_the_replay_series_empty() -> None:
+    """Replaying through a gateway without --server polls the gateway's own /metrics: its samples are not an
+    idle engine's zeros in timeseries.parquet but failed polls (the series stays empty, as for no /metrics)."""
+    from simadmit.loadgen.metrics import MetricsPoller
+
+    page = "# TYPE simadmit_gateway_decisions counter\nsimadmit_gateway_decisions_total 3.0\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=page))
+
+    async def poll_once() -> MetricsPoller:
+        async with httpx.AsyncClient(transport=transport) as client:
+            poller = MetricsPoller(client, "http://gateway:9000", asyncio.get_running_loop().time())
+            await poller.poll()
+            return poller
+
+    poller = asyncio.run(poll_once())
+    assert poller.rows == [] and poller.failed == 1
+
+
 def test_stream_lines_split_on_newline_bytes_only() -> None:
     """A JSON payload holding a raw Unicode line separator stays whole; an unfinished line waits for more bytes."""
     from simadmit.calibrate.client import sse_payloads

@@ -78,6 +78,15 @@ def parse_gauges(text: str) -> EngineGauges:
     return EngineGauges(running=running, waiting=waiting, kv_usage=max(usage, default=0.0))
 
 
+def published_gauges(text: str) -> EngineGauges:
+    """`parse_gauges` of a page a vLLM server published; ValueError when it has no
+    `vllm:num_requests_running` (an HTML page, a gateway's own metrics): read as gauges, it would show an
+    idle engine at every poll, and what polls it (a gateway's view, a replay's time series) be blind."""
+    if "vllm:num_requests_running" not in text:
+        raise ValueError("no vllm:num_requests_running gauge: not a vLLM server's /metrics")
+    return parse_gauges(text)
+
+
 def sample_totals(text: str, names: Iterable[str]) -> dict[str, float | None]:
     """Each sample named, summed over every engine (None for one the server does not expose), from one
     parse of the lines that mention them (see `_samples` on why only those)."""

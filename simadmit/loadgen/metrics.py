@@ -1,9 +1,9 @@
 """Polling the server's `/metrics` during a replay: the time series beside the client's own records.
 
-Each poll keeps vLLM's running and waiting requests and KV usage (`calibrate.metrics.parse_gauges`) and the
+Each poll keeps vLLM's running and waiting requests and KV usage (`calibrate.metrics.published_gauges`) and the
 running totals of the queue-time histogram and of preemptions, whose differences between two polls give the
-mean queue wait and the preemptions in between. An endpoint without `/metrics` (a gateway that exposes none)
-just leaves the series empty.
+mean queue wait and the preemptions in between. An endpoint without vLLM's `/metrics` (a gateway that
+exposes none, or only its own) leaves the series empty rather than fill it with an idle engine's zeros.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from simadmit.calibrate.metrics import parse_gauges, sample_totals
+from simadmit.calibrate.metrics import published_gauges, sample_totals
 
 COUNTERS = {
     "queue_time_sum_s": "vllm:request_queue_time_seconds_sum",
@@ -46,7 +46,7 @@ class MetricsPoller:
         try:
             response = await self.client.get(f"{self.base_url}/metrics", timeout=5.0)
             response.raise_for_status()
-            gauges = parse_gauges(response.text)
+            gauges = published_gauges(response.text)
             row = {"t_s": loop.time() - self.t0, "queued": gauges.waiting, "running": gauges.running,
                    "kv_usage": gauges.kv_usage, **counter_totals(response.text)}  # fmt: skip
         except (httpx.HTTPError, ValueError):

@@ -31,7 +31,7 @@ from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.policies import Request
 from simadmit.admission.published import Gauges, PoolBooks, ReplicaBooks
-from simadmit.calibrate.metrics import EngineGauges, parse_cache_config, parse_gauges
+from simadmit.calibrate.metrics import EngineGauges, parse_cache_config, published_gauges
 from simadmit.serve.discovery import is_discovered
 from simadmit.serve.upstream import Exchange
 
@@ -50,18 +50,16 @@ class Poll:
 
 def parse_poll(text: str) -> Poll:
     """A backend's /metrics text as a `Poll`; ValueError when it is not the exposition format, or not a
-    vLLM server's: a page without `vllm:num_requests_running` (an HTML page, another gateway's metrics) would
-    read as an idle engine at every poll, and the gateway would admit to it blind. A poll that fails leaves
-    the backend stale, as one that does not answer."""
-    if "vllm:num_requests_running" not in text:
-        raise ValueError("no vllm:num_requests_running gauge: not a vLLM server's /metrics")
+    vLLM server's (`published_gauges`): such a poll fails, and the backend goes stale as one that does not
+    answer."""
+    gauges = published_gauges(text)
     cache = parse_cache_config(text)
     # a counter, one sample per engine: only its lines go to the parser (the whole page is slow to parse)
     lines = "".join(line + "\n" for line in text.splitlines() if line.startswith(PROMPT_TOKENS))
     prompt_total = sum(
         s.value for f in text_string_to_metric_families(lines) for s in f.samples if s.name == PROMPT_TOKENS
     )
-    return Poll(parse_gauges(text), cache.capacity_tokens if cache else 0, int(prompt_total))
+    return Poll(gauges, cache.capacity_tokens if cache else 0, int(prompt_total))
 
 
 @dataclass(eq=False)

@@ -179,6 +179,13 @@ DAMAGED_TABLES = [
     ),
     ("no-rows", lambda t: t.iloc[:0], "requests.parquet: holds no requests"),
     ("no-arrivals", lambda t: t.assign(arrival_s=np.nan), "arrival_s: 200 rows have no arrival time"),
+    (
+        "arrivals-true-or-false",
+        lambda t: t.assign(arrival_s=True),
+        "arrival_s: holds bool values, not numbers",
+    ),
+    ("no-seed", lambda t: t.assign(seed=np.nan), "requests.parquet: seed: 200 rows have no seed"),
+    ("no-policy", lambda t: t.assign(policy=None), "requests.parquet: policy: 200 rows have no policy"),
 ]
 
 

@@ -53,6 +53,9 @@ TARGETS = {"e2e_mean_s": 0.10, "e2e_p99_s": 0.10, "ttft_mean_s": 0.15, "ttft_p99
 NUMERIC = ("seed", "request_id", "attempt", "arrival_s", "output_tokens", "first_token_s", "finish_s", "ttft_s",
            "e2e_s", "queue_wait_s")  # fmt: skip
 COLUMNS = ("policy", "tier", "decision", "outcome", *NUMERIC)
+# the columns that say which run, request and attempt a row is (and when it arrived): never missing
+KEYS = {"policy": "policy", "tier": "tier", "decision": "decision", "outcome": "outcome", "seed": "seed",
+        "request_id": "request id", "attempt": "attempt number", "arrival_s": "arrival time"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -157,18 +160,20 @@ def _check_whole(folder: Path) -> None:
 
 
 def _check_table(path: Path, table: pd.DataFrame) -> None:
-    """`InputError` for a table `compare` cannot measure: a column missing or not numbers, no rows, or a
-    request without an arrival time."""
+    """`InputError` for a table `compare` cannot measure: a column missing or not numbers (true/false are not),
+    no rows, or a row without one of its `KEYS` (a row of no seed or policy falls out of every run: a report
+    over fewer runs, or none)."""
     if missing := [c for c in COLUMNS if c not in table.columns]:
         why = f"no column {missing[0]!r}"
         raise InputError([problem(path, None, f"not a requests table of simulate or replay ({why})")])
     for col in NUMERIC:
-        if not pd.api.types.is_numeric_dtype(table[col]):
+        if not pd.api.types.is_numeric_dtype(table[col]) or pd.api.types.is_bool_dtype(table[col]):
             raise InputError([problem(path, col, f"holds {table[col].dtype} values, not numbers")])
     if table.empty:
         raise InputError([problem(path, None, "holds no requests")])
-    if unknown := int(table["arrival_s"].isna().sum()):
-        raise InputError([problem(path, "arrival_s", f"{unknown} rows have no arrival time")])
+    for col, what in KEYS.items():
+        if unknown := int(table[col].isna().sum()):
+            raise InputError([problem(path, col, f"{unknown} rows have no {what}")])
 
 
 def measured(run: Run, tier: str, warmup_s: float) -> Measured:

@@ -1836,6 +1836,11 @@ COMMAND_CASES = [
         fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
     ),
     CommandCase(
+        "calibrate-out-names-a-new-folder",  # measured, then wrote the profile as a file named `new`
+        ("calibrate", "--endpoint", "{refused}", "--out", "{in}/new/"),
+        fragment="error: {in}/new: names a folder (it ends in /); give the profile's file",
+    ),
+    CommandCase(
         "calibrate-out-is-a-dangling-link",  # measured in full, then "cannot write it" at the end
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/dangling"),
         fragment="dangling: is a link to {in}/nowhere, which points nowhere: give --out a new file",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 import sys
 import tempfile
@@ -83,8 +84,8 @@ def fail(problems: list[str], code: int = 2) -> None:
 def calibrate_command(
     ctx: typer.Context,
     endpoint: Annotated[str | None, typer.Option(help="base URL of a vLLM OpenAI-compatible server")] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="profile YAML to write; measurements go next to it")
+    out_arg: Annotated[
+        str | None, typer.Option("--out", help="profile YAML to write; measurements go next to it")
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="served model name (default: the first one served)")
@@ -143,6 +144,7 @@ def calibrate_command(
     if ctx.invoked_subcommand is not None:
         return
     vllm_args: list[str] = ctx.meta.get("vllm_args", [])
+    out = None if out_arg is None else Path(out_arg)  # the text kept: Path drops a trailing slash
     try:
         problems = []
         if out is None:
@@ -153,9 +155,10 @@ def calibrate_command(
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
         if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
             problems.append(problem(None, "--max-num-batched-tokens", limits))
-        if out is not None and out.is_dir():
+        if out_arg is not None and (out_arg.endswith(("/", os.sep)) or Path(out_arg).is_dir()):
+            what = "is a folder" if Path(out_arg).is_dir() else "names a folder (it ends in /)"
             problems.append(
-                problem(out, None, "is a folder; give the profile's file, e.g. profiles/my-model.yaml")
+                problem(out, None, f"{what}; give the profile's file, e.g. profiles/my-model.yaml")
             )
         if problems:
             raise InputError(problems)

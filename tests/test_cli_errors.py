@@ -1752,6 +1752,11 @@ COMMAND_CASES = [
         fragment="binary.yaml: not a text file",
     ),
     CommandCase(
+        "gateway-profile-empty",  # blamed the scenario: "ok.yaml: pools.0.profile: at least 1 character"
+        ("gateway", "--backend", "{refused}", "--scenario", "{in}/ok.yaml", "--profile", "p="),
+        fragment="error: --profile 'p=': no profile given (a file or a bundled name)",
+    ),
+    CommandCase(
         "gateway-binary-profile",
         ("gateway", "--backend", "{refused}", "--profile", "{in}/binary.yaml"),
         fragment="binary.yaml: not a text file",

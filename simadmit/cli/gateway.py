@@ -29,6 +29,8 @@ def profile_overrides(profiles: list[str], pools: list[str]) -> dict[str, object
             name, ref = "", arg
         elif name not in pools:
             raise InputError([f"--profile {arg}: no pool named {name!r} (pools: {', '.join(pools)})"])
+        if not ref.strip():  # else the scenario's pools.N.profile would be blamed for it
+            raise InputError([f"--profile {arg!r}: no profile given (a file or a bundled name)"])
         if Path(ref).is_file():
             ref = str(Path(ref).resolve())
         for i, pool in enumerate(pools):

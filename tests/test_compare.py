@@ -149,6 +149,10 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
             (sim / "requests.parquet").read_bytes()
         )
     assert [p.name for p in run_dirs([tmp_path / "real"])] == ["repeat-1", "repeat-2", "repeat-10"]
+    # a user's copy and a note beside the repeats are no repeats (they were a ValueError traceback)
+    shutil.copytree(tmp_path / "real" / "repeat-1", tmp_path / "real" / "repeat-1.bak")
+    (tmp_path / "real" / "repeat-notes.txt").write_text("")
+    assert [p.name for p in run_dirs([tmp_path / "real"])] == ["repeat-1", "repeat-2", "repeat-10"]
     missing = CliRunner().invoke(app, ["compare", str(sim), str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "nowhere: folder not found" in missing.output
     (tmp_path / "empty").mkdir()

@@ -81,12 +81,14 @@ class Measured:
 def run_dirs(paths: list[Path]) -> list[Path]:
     """The run folders named: a folder holding `repeat-*` folders (from `replay --repeat`) stands for them.
 
-    A run named twice (or once itself and once by its parent) is refused: it would count as two real
-    runs, each weighing in the mean and the count of the real runs.
+    Only `repeat-N` folders are repeats: another name there (`repeat-1.bak`, a user's copy) is left out. A
+    run named twice (or once itself and once by its parent) is refused: it would count as two real runs,
+    each weighing in the mean and the count of the real runs.
     """
     out: list[Path] = []
     for p in paths:
-        repeats = sorted(p.glob("repeat-*"), key=lambda d: int(d.name.split("-")[-1]))
+        numbered = [d for d in p.glob("repeat-*") if d.name.removeprefix("repeat-").isdecimal()]
+        repeats = sorted(numbered, key=lambda d: int(d.name.removeprefix("repeat-")))
         found = [d for d in repeats if (d / "requests.parquet").is_file()]
         for run in found if not (p / "requests.parquet").is_file() and found else [p]:
             if any(d.resolve() == run.resolve() for d in out):

@@ -1841,6 +1841,13 @@ COMMAND_CASES = [
         fragment="error: {in}/folder: is a folder; give the profile's file",  # `error:` as every command
     ),
     CommandCase(
+        "calibrate-budget-spent-before-the-server-answered",  # said "0 requests ... kept in ...; --resume"
+        ("calibrate", "--endpoint", "http://127.0.0.1:{busy}", "--out", "{in}/silent.yaml", "--budget", "2s"),
+        code=1,
+        fragment="nothing was measured ({in}/silent.measurements.csv was not written): run the same command "
+        "again, without --resume",
+    ),
+    CommandCase(
         "calibrate-out-names-a-new-folder",  # measured, then wrote the profile as a file named `new`
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/new/"),
         fragment="error: {in}/new: names a folder (it ends in /); give the profile's file",

@@ -202,15 +202,16 @@ def calibrate_command(
     except LaunchError as e:
         fail([str(e)])
     except EndpointLost as e:
-        kept = measurements_path(out) if out else None
-        fail([f"stopped after {e}; measurements kept in {kept}; rerun with --resume"], code=1)
+        assert out is not None
+        fail([f"stopped after {e}; {_kept(out)}"], code=1)
     except BudgetSpent as e:
         assert out is not None
-        fail([f"stopped at the time budget ({budget}): {e}; {_kept(out)}; rerun with --resume to continue (a "
-              "larger --budget, or a shorter --request-timeout for a server that hangs)"], code=1)  # fmt: skip
+        fail([f"stopped at the time budget ({budget}): {e}; {_kept(out)} (a larger --budget, or a shorter "
+              "--request-timeout for a server that hangs)"], code=1)  # fmt: skip
     except KeyboardInterrupt:
-        kept = measurements_path(out) if out else None
-        fail([f"interrupted: measurements kept in {kept}; rerun with --resume to continue"], code=130)
+        if out is None:
+            raise typer.Exit(130) from None
+        fail([f"interrupted: {_kept(out)}"], code=130)
 
 
 @calibrate_app.command("check")
@@ -283,11 +284,14 @@ def check_command(
 
 
 def _kept(out: Path) -> str:
-    """What the measurements CSV holds, for a message about a run that stopped early."""
+    """What a run that stopped early leaves and how to go on: its measurements CSV and --resume, or, stopped
+    before it wrote one (the server never answered), the same command again (--resume would find nothing)."""
     path = measurements_path(out)
+    if not path.is_file():
+        return f"nothing was measured ({path} was not written): run the same command again, without --resume"
     try:
         rows = read_measurements(path)
     except InputError:
         rows = []
     ok = sum(r.ok for r in rows)
-    return f"{ok} requests measured ({len(rows) - ok} failed attempts) are kept in {path}"
+    return f"{ok} requests measured ({len(rows) - ok} failed attempts) are kept in {path}; rerun with --resume to continue"

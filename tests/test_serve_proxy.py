@@ -266,6 +266,26 @@ def test_a_backend_url_that_cannot_be_reached_is_one_line_before_listening(backe
     assert r.output.strip().splitlines() == [f"error: {line}"], r.output
 
 
+def test_an_ipv6_host_in_brackets_is_the_address_inside_them() -> None:
+    """`--host [::1]`, as an IPv6 address is written in a URL, listens on ::1 (it was looked up as a host
+    name: "Name or service not known"); here the port is taken, so the gateway stops on that instead."""
+    from typer.testing import CliRunner
+
+    from simadmit.cli import app
+
+    try:
+        busy = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with busy:
+        port = str(busy.getsockname()[1])
+        r = CliRunner().invoke(
+            app, ["gateway", "--backend", "http://h:8000", "--host", "[::1]", "--port", port]
+        )
+    assert r.exit_code == 2, r.output
+    assert f"--host ::1 --port {port}: cannot listen there (Address already in use)" in r.output, r.output
+
+
 @pytest.mark.parametrize(
     ("backend", "root"),
     [("http://h:8000/v1/", "http://h:8000"), ("dns+http://svc:8000/v1", "dns+http://svc:8000")],

@@ -74,12 +74,14 @@ def gateway(
             overrides |= profile_overrides(profile, [p.name for p in spec.pools])
             spec, base = load_scenario(path, overrides, workload_traces=False)
         settings = serve_settings(spec, base, backend, policy, path)
+        host = host.removeprefix("[").removesuffix("]")  # [::1], as an IPv6 address is written in a URL
         listener = listen(host, port)
     except InputError as e:
         fail(e.problems)
     server = GatewayServer(settings)
+    shown = f"[{host}]" if ":" in host else host  # the URL a client is given: http://[::1]:9000
     typer.echo(
-        f"simadmit gateway on http://{host}:{port}: policy {settings.policy_name}, "
+        f"simadmit gateway on http://{shown}:{port}: policy {settings.policy_name}, "
         + "; ".join(f"{p.name}: {len(p.backends)} backend(s)" for p in server.pools)
         + (
             f"; rate limits 1/{settings.limit_share} each, for gateway.replicas = {settings.limit_share} processes"

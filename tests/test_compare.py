@@ -168,6 +168,11 @@ def test_repeat_folders_stand_for_their_runs_and_bad_folders_exit_2(tmp_path: Pa
         app, ["compare", str(tmp_path / "two"), str(tmp_path / "real"), "--policy", "other"]
     )
     assert chosen.exit_code == 0 and "3 real runs" in " ".join(chosen.output.split()), chosen.output
+    # a simulation of several policies as the real side: --policy picks it there too (it was asked for again)
+    itself = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "two"), str(tmp_path / "two"), "--policy", "other"]
+    )
+    assert itself.exit_code == 0 and "verdict: PASS" in itself.output, itself.output
 
 
 DAMAGED_TABLES = [

@@ -184,7 +184,10 @@ def compare_command(
         list[Path], typer.Argument(help="`replay --out` folders (repeats of one request list)")
     ],
     policy: Annotated[
-        str | None, typer.Option(help="the simulated policy (needed when there are several)")
+        str | None,
+        typer.Option(
+            help="the simulated policy (needed when there are several; also picks it in a real folder of several)"
+        ),
     ] = None,
     warmup: Annotated[
         float | None, typer.Option(help="leave out arrivals before this (default: the scenario's warm-up)")
@@ -198,7 +201,7 @@ def compare_command(
         reals = run_dirs(real_dirs)
         sim = _runs(sim_dir, policy)
         partial = interrupted_note(sim_dir)
-        real_by_dir = [(d, _runs(d, None)) for d in reals]
+        real_by_dir = [(d, _runs(d, policy, when_several=True)) for d in reals]
         _same_request_list([(sim_dir, sim), *real_by_dir])
         real = [r for _, runs in real_by_dir for r in runs]
         source, given = None, warmup
@@ -261,10 +264,10 @@ def _stale_plots(out: Path, files: dict[str, Writer]) -> list[Path]:
     return sorted(p for p in out.glob("cdf_*.png") if p.name not in files)
 
 
-def _runs(folder: Path, policy: str | None) -> list[Run]:
+def _runs(folder: Path, policy: str | None, when_several: bool = False) -> list[Run]:
     """`load_runs`, with a `requests.parquet` that is not a Parquet file as one line naming it."""
     try:
-        return load_runs(folder, policy)
+        return load_runs(folder, policy, when_several=when_several)
     except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
         why = str(e).split(". ")[0]
         raise InputError(

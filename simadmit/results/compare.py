@@ -115,8 +115,10 @@ def request_rows(attempts: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def load_runs(folder: Path, policy: str | None) -> list[Run]:
-    """The runs in a `simulate` or `replay` folder: one per seed of the chosen policy."""
+def load_runs(folder: Path, policy: str | None, *, when_several: bool = False) -> list[Run]:
+    """The runs in a `simulate` or `replay` folder: one per seed of the chosen policy (`when_several`: the
+    policy chosen applies only to a folder of several policies, as to a simulation given as a real run; a
+    folder of one, a replay under its own label, is taken as it is)."""
     path = folder / "requests.parquet"
     if not folder.is_dir():
         why = "is a file, not a folder" if folder.exists() else "folder not found"
@@ -129,6 +131,8 @@ def load_runs(folder: Path, policy: str | None) -> list[Run]:
     table = pd.read_parquet(path)
     _check_table(path, table)
     policies = sorted(table["policy"].astype(str).unique())
+    if when_several and len(policies) == 1:
+        policy = None
     if policy is None:
         if len(policies) > 1:
             raise InputError(

@@ -82,3 +82,15 @@ def test_foreign_csv_is_an_input_error(tmp_path: Path) -> None:
     path.write_text("a,b\n1,2\n")
     with pytest.raises(InputError, match="not a measurements file"):
         read_measurements(path)
+
+
+@pytest.mark.parametrize(("field", "value"), [("ttft_s", math.nan), ("e2e_s", math.inf), ("ttft_s", -0.5)])
+def test_an_ok_row_without_its_times_is_an_input_error(tmp_path: Path, field: str, value: float) -> None:
+    """A file edited by hand (or damaged) with an ok row missing its TTFT is refused naming the row: the fit
+    ended in numpy's 'SVD did not converge' traceback (an infinite E2E was fitted as it was)."""
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(ROW)
+        log.append(replace(ROW, seq=1, **{field: value}))
+    with pytest.raises(InputError, match=f"data row 2: an ok measurement with {field} .*, not a time"):
+        read_measurements(path)

@@ -52,6 +52,7 @@ class Measurement:
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
 OPTIONAL = {"server": ""}  # columns files written before them lack: read as this
+TIMED = ("start_unix_s", "ttft_s", "e2e_s")  # what every ok request has measured: finite, 0 or more
 _TYPES = {f.name: f.type for f in fields(Measurement)}
 
 
@@ -93,9 +94,13 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     rows = []
     for n, rec in enumerate(reader, start=1):
         try:
-            rows.append(Measurement(**{c: _parse(c, rec[c]) for c in columns}))
+            m = Measurement(**{c: _parse(c, rec[c]) for c in columns})
         except (TypeError, ValueError):
             raise InputError([problem(path, f"data row {n}", "malformed measurement row")]) from None
+        if m.ok and (bad := [c for c in TIMED if not 0 <= getattr(m, c) < math.inf]):
+            why = f"an ok measurement with {bad[0]} {rec[bad[0]]!r}, not a time (the fit needs it)"
+            raise InputError([problem(path, f"data row {n}", why)])
+        rows.append(m)
     return rows
 
 

@@ -1848,6 +1848,11 @@ COMMAND_CASES = [
         "again, without --resume",
     ),
     CommandCase(
+        "calibrate-gpus-huge",  # measured for the whole budget, then refused the fitted profile
+        ("calibrate", "--endpoint", "{refused}", "--out", "{in}/gpus.yaml", "--gpus", "100000"),
+        fragment="Invalid value for '--gpus': Input should be less than or equal to 1024",
+    ),
+    CommandCase(
         "calibrate-out-names-a-new-folder",  # measured, then wrote the profile as a file named `new`
         ("calibrate", "--endpoint", "{refused}", "--out", "{in}/new/"),
         fragment="error: {in}/new: names a folder (it ends in /); give the profile's file",

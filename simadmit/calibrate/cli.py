@@ -33,6 +33,7 @@ from simadmit.config.errors import InputError, print_problems, problem
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile
 from simadmit.config.schema import engine_limits_problem
+from simadmit.config.workload_schema import MAX_GPUS_PER_REPLICA
 
 
 class _PassThroughGroup(TyperGroup):
@@ -91,7 +92,12 @@ def calibrate_command(
         str | None, typer.Option(help="served model name (default: the first one served)")
     ] = None,
     gpus: Annotated[
-        int, typer.Option(min=1, help="GPUs one replica spans; per-GPU figures divide by it")
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_GPUS_PER_REPLICA,  # a profile's bound: checked before measuring, not once it is fitted
+            help="GPUs one replica spans; per-GPU figures divide by it",
+        ),
     ] = 1,
     gpu_name: Annotated[
         str, typer.Option(help="accelerator name recorded in the profile, e.g. H100-80GB-SXM")

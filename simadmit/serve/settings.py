@@ -63,8 +63,8 @@ def pick_policy(spec: ScenarioSpec, name: str | None) -> str:
 
 def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str, ...], ...]:
     """Each pool's backend URLs from `URL` (a single pool) or `POOL=URL` arguments, each as its server's
-    root: `http://host:8000/v1/`, the base URL OpenAI clients are given, is `http://host:8000` (kept as given,
-    the gateway polled `/v1/metrics` and forwarded to `/v1/v1/completions`, and refused every request)."""
+    root: `http://host:8000/v1/`, the base URL OpenAI clients are given, is `http://host:8000` (taken as
+    given, the gateway would poll `/v1/metrics`, forward to `/v1/v1/completions` and refuse every request)."""
     pools = [p.name for p in spec.pools]
     found: dict[str, list[str]] = {name: [] for name in pools}
     named = set()  # pools some argument names, even a bad one: that argument's problem is the one to tell

@@ -1281,6 +1281,16 @@ COMMAND_CASES = [
         fragment="bad-tag.yaml: line 1: not valid YAML ('tiny' is not a !!int)",
     ),
     CommandCase(
+        "simulate-binary-tag",  # was read as the text b'hello' decodes to, and the run went ahead
+        ("simulate", "{in}/binary-tag.yaml"),
+        fragment="binary-tag.yaml: line 1: not valid YAML (no field takes a !!binary value",
+    ),
+    CommandCase(
+        "simulate-set-tag",  # a Python set, taken as a list in no set order
+        ("simulate", "{in}/set-tag.yaml"),
+        fragment="set-tag.yaml: line 6: not valid YAML (no field takes a !!set value",
+    ),
+    CommandCase(
         "simulate-nested-too-deeply",  # a RecursionError from the YAML parser
         ("simulate", "{in}/deep.yaml"),
         fragment="deep.yaml: not valid YAML (nested too deeply)",
@@ -1976,6 +1986,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         yaml.safe_dump({**doc, "policies": [{"kind": "queue_depth", "max_queued": 4}]}, sort_keys=False)
     )
     (root / "bad-tag.yaml").write_text(text.replace("name: tiny", "name: !!int tiny"))
+    (root / "binary-tag.yaml").write_text(text.replace("name: tiny", "name: !!binary aGVsbG8="))
+    (root / "set-tag.yaml").write_text(text.replace("  tiers:", "  tiers: !!set", 1))
     (root / "batch-tier.yaml").write_text(text.replace("name: interactive", "name: batch"))
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")

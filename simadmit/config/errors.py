@@ -108,8 +108,18 @@ def _whole_number_text(value: object) -> int | None:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently),
-    and a value its explicit tag cannot take (`!!int tiny`) as a YAML error at its line, where PyYAML's
-    constructors raise a bare ValueError, KeyError or AttributeError."""
+    a value its explicit tag cannot take (`!!int tiny`) as a YAML error at its line, where PyYAML's
+    constructors raise a bare ValueError, KeyError or AttributeError, and the tags whose values no field
+    takes as written (`!!binary`: bytes the schema would read as text; `!!set`: a list in no set order)."""
+
+    def construct_refused(self, node: yaml.Node) -> object:
+        tag = node.tag.removeprefix("tag:yaml.org,2002:")
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"no field takes a !!{tag} value: write it as plain YAML (text, number, list)",
+            node.start_mark,
+        )
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
         try:
@@ -134,6 +144,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:binary", _UniqueKeyLoader.construct_refused)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:set", _UniqueKeyLoader.construct_refused)
 
 
 def load_yaml_text(text: str) -> object:

@@ -981,6 +981,31 @@ SIM_CASES = [
         fragment="--set: workload: replaces workload.rate_rps, set before it: set workload first",
     ),
     Case(
+        "set-value-of-the-wrong-type",  # was reported as a mistake of scenario.yaml, which has none
+        args=("--set", "workload.rate_rps=fast"),
+        fragment="error: --set: workload.rate_rps: Input should be a valid number",
+    ),
+    Case(
+        "set-unknown-field",  # "scenario.yaml: workload.nope: unknown field"
+        args=("--set", "workload.nope=1"),
+        fragment="error: --set: workload.nope: unknown field (misspelled?)",
+    ),
+    Case(
+        "set-list-element-by-name",  # named by index, as validation names it
+        args=("--set", "workload.tiers.interactive.share=-1"),
+        fragment="error: --set: workload.tiers.0.share: Input should be greater than 0",
+    ),
+    Case(
+        "set-profile-not-found",  # "scenario.yaml: pools.0.profile: profile 'nope' not found"
+        args=("--set", "pools.0.profile=nope"),
+        fragment="error: --set: pools.0.profile: profile 'nope' not found",
+    ),
+    Case(
+        "set-no-value",  # "scenario.yaml: workload.rate_rps: required field is missing"
+        args=("--set", "workload.rate_rps="),
+        fragment="--set: workload.rate_rps=: no value after '='",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},

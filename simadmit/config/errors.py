@@ -6,7 +6,7 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 
 import yaml
@@ -48,10 +48,15 @@ def problem(source: str | Path | None, field: str | None, message: str) -> str:
 
 
 def pydantic_problems(
-    source: str | Path | None, error: object, prefix: str = "", document: object = None
+    source: str | Path | None,
+    error: object,
+    prefix: str = "",
+    document: object = None,
+    origin: Callable[[str], str | Path | None] | None = None,
 ) -> list[str]:
     """Turn a pydantic ValidationError into one `file: field.path: message` line per error; with the
-    validated `document`, a field path names only what the file writes (see `_written_path`)."""
+    validated `document`, a field path names only what the file writes (see `_written_path`); with
+    `origin`, each line names where its field was written (`--set`) rather than `source`."""
     lines = []
     for e in error.errors():  # type: ignore[attr-defined]
         steps = _written_path(e["loc"], document)
@@ -76,7 +81,7 @@ def pydantic_problems(
             msg = f"{e['input']!r} is text to YAML (a number needs a dot and a signed exponent, 1.0e+3): write {whole}"
         elif type(e.get("input")).__name__ == "BooleanInput":  # workload_schema.Spec's marker of true/false
             msg = f"Input should be a number, not {e['input']!r}"
-        lines.append(problem(source, field or None, msg))
+        lines.append(problem(origin(field) if origin else source, field or None, msg))
     return lines
 
 

@@ -1,7 +1,8 @@
 """Loading: a scenario file (or document) read, overridden, validated and checked against the disk.
 
 `load_scenario` and `scenario_from_dict` apply dotted-path overrides (`simadmit.config.overrides`) to the
-raw document before validation, so an override is checked exactly like a value written in the file. After
+raw document before validation, so an override is checked exactly like a value written in the file; a
+problem with a field `--set` wrote (or a field below it) names `--set`, not the file. After
 the schema, every profile and trace the scenario names must exist; trace paths are then made absolute, so
 the spec can be used from any directory. Each variant is validated as its own scenario (`variant_spec`),
 so a bad variant is reported before anything runs.
@@ -9,12 +10,13 @@ so a bad variant is reported before anything runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from simadmit.config.errors import InputError, not_found, problem, pydantic_problems, read_mapping
-from simadmit.config.overrides import apply_overrides
+from simadmit.config.overrides import apply_overrides, override
 from simadmit.config.profile import load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import (
@@ -30,10 +32,11 @@ from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, Trace
 def load_scenario(
     path: str | Path, overrides: dict[str, object] | None = None, workload_traces: bool = True
 ) -> tuple[ScenarioSpec, Path]:
-    """Read, validate and return a scenario with the directory its relative paths are resolved against."""
+    """Read, validate and return a scenario with the directory its relative paths are resolved against;
+    `overrides` are the command's `--set` assignments."""
     path = Path(path)
     data = read_mapping(path, "scenario")
-    return scenario_from_dict(data, path, overrides, workload_traces), path.parent
+    return scenario_from_dict(data, path, overrides, workload_traces, set_by="--set"), path.parent
 
 
 def scenario_from_dict(
@@ -41,14 +44,23 @@ def scenario_from_dict(
     source: str | Path | None = None,
     overrides: dict[str, object] | None = None,
     workload_traces: bool = True,
+    set_by: str | None = None,
 ) -> ScenarioSpec:
     """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first.
 
     `workload_traces=False` leaves the workload's trace files unchecked (and their paths as written), for
     a caller that never draws the workload (the live gateway); the pools' own traces are always checked.
+    With `set_by` (`--set`), a problem with a field the overrides wrote is reported against it, not
+    against `source`; without, against `source` (a caller that names the override itself, a sweep point).
     """
-    data = apply_overrides(data, overrides or {})
-    spec = _validate(data, source)
+    data, written = override(data, overrides or {})
+
+    def origin(field: str) -> str | Path | None:
+        """Where `field` was written: by an override of it or of a mapping or list above it, or in the file."""
+        mine = any(field == w or field.startswith(f"{w}.") for w in written)
+        return set_by if set_by is not None and mine else source
+
+    spec = _validate(data, source, origin)
     for i, variant in enumerate(spec.variants):
         try:
             variant_spec(spec, variant)
@@ -58,20 +70,20 @@ def scenario_from_dict(
             ) from None
     base = Path(source).parent if source is not None else Path(".")
     missing = [
-        problem(source, f"pools.{i}.profile", _not_found("profile", p.profile, base))
+        problem(origin(f"pools.{i}.profile"), f"pools.{i}.profile", _not_found("profile", p.profile, base))
         for i, p in enumerate(spec.pools)
         if resolve_profile(p.profile, base) is None
     ]
     traces = [(w, t) for w, t in trace_refs(spec) if workload_traces or not w.startswith("workload.")]
     missing += [
-        problem(source, f"{where}.path", _not_found("trace", t.path, base))
+        problem(origin(f"{where}.path"), f"{where}.path", _not_found("trace", t.path, base))
         for where, t in traces
         if resolve_trace(t.path, base) is None
     ]
     if missing:
         raise InputError(missing)
     limits = [
-        problem(source, f"pools.{i}.engine", message)
+        problem(origin(f"pools.{i}.engine"), f"pools.{i}.engine", message)
         for i, p in enumerate(spec.pools)
         if (message := _engine_against_profile(p.engine, resolve_profile(p.profile, base)))
     ]
@@ -95,13 +107,19 @@ def _not_found(what: str, ref: str, base: Path) -> str:
     return not_found(path, f"{what} {ref!r}")
 
 
-def _validate(data: object, source: str | Path | None) -> ScenarioSpec:
-    """The schema, then the rules across sections; every problem as one `file: field: message` line."""
+def _validate(
+    data: object, source: str | Path | None, origin: Callable[[str], str | Path | None] | None = None
+) -> ScenarioSpec:
+    """The schema, then the rules across sections; every problem as one `file: field: message` line, the
+    file being `origin(field)` where given (`--set` for a field it wrote), else `source`."""
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as e:
-        raise InputError(pydantic_problems(source, e, document=data)) from None
-    problems = [problem(source, field, message) for field, message in scenario_problems(spec)]
+        raise InputError(pydantic_problems(source, e, document=data, origin=origin)) from None
+    problems = [
+        problem(origin(field) if origin else source, field, message)
+        for field, message in scenario_problems(spec)
+    ]
     if problems:
         raise InputError(problems)
     return spec

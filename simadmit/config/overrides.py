@@ -27,6 +27,9 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
         if not sep or not key.strip():
             bad.append(problem("--set", item, "expected path=value, e.g. workload.rate_multiplier=2"))
             continue
+        if not raw.strip():  # YAML reads nothing as null, reported as "required field is missing"
+            bad.append(problem("--set", item, "no value after '=': write path=null to unset a field"))
+            continue
         if key.strip() in out:  # which one was meant? (a later one would silently win)
             bad.append(problem("--set", item, f"{key.strip()} is set twice: give each path once"))
             continue
@@ -62,7 +65,17 @@ def list_index(items: list[object], key: str) -> int | None:
 
 def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
     """A copy of `document` with each dotted path set to its value; missing mappings are created."""
+    return override(document, overrides)[0]
+
+
+def override(
+    document: dict[str, object], overrides: Mapping[str, object]
+) -> tuple[dict[str, object], list[str]]:
+    """`apply_overrides`, with the field each path set as validation names it, list elements by index
+    (`workload.tiers.interactive.share` sets `workload.tiers.0.share`): a problem at or below one of
+    them is the override's, not the file's."""
     document = copy.deepcopy(document)
+    fields = []
     paths = list(overrides)
     for n, path in enumerate(paths):  # a.b then a: a, applied after, would silently undo a.b
         undone = next((p for p in paths[:n] if p.startswith(f"{path}.")), None)
@@ -73,12 +86,15 @@ def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]
         keys = dotted.split(".")
         if "" in keys:
             raise InputError([problem("--set", dotted, "a path has no empty part: write a.b.c")])
+        written = []
         for depth, key in enumerate(keys):
             last = depth == len(keys) - 1
+            written.append(key)
             if isinstance(node, list):
                 i = list_index(node, key)
                 if i is None:
                     raise InputError([problem("--set", dotted, f"no element {key!r} in this list")])
+                written[-1] = str(i)
                 if last:
                     node[i] = copy.deepcopy(value)
                 else:
@@ -92,7 +108,8 @@ def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]
                 raise InputError(
                     [problem("--set", dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")]
                 )
-    return document
+        fields.append(".".join(written))
+    return document, fields
 
 
 def lookup(document: object, dotted: str) -> object | None:

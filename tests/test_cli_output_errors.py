@@ -192,3 +192,22 @@ def test_sweep_and_optimize_take_bundled_scenario_names(tmp_path: Path) -> None:
     assert "not found" not in sweep.stderr
     optimize = run("optimize", "retry_storm", "--slo", "gold.ttft_p99<=3s", "--out", str(tmp_path / "o"))
     _clean_failure(optimize, "unknown tier 'gold'; tiers: all, interactive")
+
+
+def test_a_new_sweep_leaves_no_figure_of_the_previous_one(tmp_path: Path) -> None:
+    """The figures `plot` drew show the tables they were drawn from: a sweep writing new tables into the
+    folder removes them (they showed the old curves beside the new sweep.parquet), not a file of the user's."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc()))
+    out = tmp_path / "sweep"
+    for rates in ("1,2", "3,4"):
+        assert (
+            run("sweep", str(scenario), "--param", f"workload.rate_rps={rates}", "--out", str(out)).returncode
+            == 0
+        )
+        if rates == "1,2":
+            assert run("plot", str(out)).returncode == 0
+            assert (out / "goodput_vs_load_all.png").is_file()
+            (out / "mine.png").write_text("keep me")
+    assert not list(out.glob("*_vs_*")), sorted(p.name for p in out.iterdir())
+    assert (out / "mine.png").read_text() == "keep me"

@@ -11,6 +11,7 @@ with load until the pool is saturated.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 from pathlib import Path
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure
 
 from simadmit.config.errors import InputError, problem
 from simadmit.results.curves import curves
-from simadmit.results.run_folder import read_manifest
+from simadmit.results.run_folder import FIGURES, read_manifest
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -182,6 +183,8 @@ def timeline(timeseries: pd.DataFrame, seed: int | None = None) -> Figure:
 
 
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
+    """`fig` as `name`.png and .svg; `name` is one of `FIGURES`, which a later sweep removes as stale."""
+    assert any(fnmatch.fnmatchcase(name, pattern) for pattern in FIGURES), name
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     for p in paths:
         fig.savefig(p, dpi=130)

@@ -5,7 +5,7 @@ only once every file is complete; `manifest.json` (the files, their sizes, and w
 short) is written last. A write that fails part-way (disk full, permission denied) leaves the previous
 folder exactly as it was and no folder that looks complete. A folder that also holds state to keep (a
 sweep's saved points) is updated file by file, each file replaced atomically, the old manifest removed
-first and the new one written last. Readers (`plot`) refuse a folder without a manifest that matches
+first (with the figures `plot` drew from the tables being replaced) and the new one written last. Readers (`plot`) refuse a folder without a manifest that matches
 its files. `check_destination` finds a destination that cannot be written before anything runs.
 """
 
@@ -24,6 +24,8 @@ MANIFEST = "manifest.json"
 DAMAGED = "damaged"  # what `held_run` calls a folder whose manifest cannot be read: a run of unknown kind
 Writer = Callable[[Path], None]  # writes one file at the path it is given
 _OURS = (".parquet", ".csv", ".json", ".yaml", ".png", ".svg")  # what a run folder and `plot` leave
+FIGURES = ("p99_vs_utilization_*", "rejection_vs_load_*", "goodput_vs_load_*", "latency_cdf", "timeline")
+"""The names `plot` gives the figures it draws beside a run's tables, each as .png and .svg."""
 
 
 def held_run(folder: Path) -> str | None:
@@ -153,10 +155,15 @@ def _scratch(out: Path) -> Path:
 
 def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:
     """Replace `files` inside `out` one by one (each atomically), removing the old manifest first and
-    writing the new one last, so the folder never looks complete while its files disagree."""
+    writing the new one last, so the folder never looks complete while its files disagree. Figures `plot`
+    drew from the tables replaced are removed with the manifest: they would show the previous run's
+    results beside the new tables (a folder without those tables holds no figure of ours)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)
+        if any((out / name).is_file() for name in files):
+            for figure in (f for n in FIGURES for ext in (".png", ".svg") for f in out.glob(n + ext)):
+                figure.unlink()
         for name, write in files.items():
             _replace(out / name, write)
         _write_manifest(out, list(files), manifest)

@@ -14,7 +14,7 @@ from tests.console import command as console_command
 from tests.console import env, run
 from tests.fake_openai import fake_server
 from tests.fake_vllm import FakeVllm
-from tests.test_loadgen import scenario_doc
+from tests.test_loadgen import PROFILE, scenario_doc
 
 SHORT = ("--set", "workload.duration_s=5", "--set", "workload.warmup_s=1")
 
@@ -211,3 +211,21 @@ def test_a_new_sweep_leaves_no_figure_of_the_previous_one(tmp_path: Path) -> Non
             (out / "mine.png").write_text("keep me")
     assert not list(out.glob("*_vs_*")), sorted(p.name for p in out.iterdir())
     assert (out / "mine.png").read_text() == "keep me"
+
+
+def test_a_run_folder_plots_wherever_it_is(tmp_path: Path) -> None:
+    """`plot` draws a run whose scenario named its profile relative to itself (`simulate s.yaml` from the
+    scenario's folder), and a run folder moved where that profile is not: it reads only the SLOs."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "prof.yaml").write_bytes(Path(PROFILE).read_bytes())
+    doc = scenario_doc()
+    doc["pools"][0]["profile"] = "prof.yaml"
+    (source / "s.yaml").write_text(yaml.safe_dump(doc))
+    assert run("simulate", "s.yaml", "--out", "../run", cwd=source).returncode == 0
+    scenario = yaml.safe_load((tmp_path / "run" / "scenario.yaml").read_text())
+    assert scenario["pools"][0]["profile"] == str(source / "prof.yaml")  # not "prof.yaml", from ../run
+    (source / "prof.yaml").unlink()  # the folder copied to a machine without the profile
+    result = run("plot", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "latency_cdf.png").is_file()

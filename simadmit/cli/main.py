@@ -23,8 +23,8 @@ from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import gateway, replay, study
 from simadmit.cli.common import MAX_REPLICATIONS, App, LazyProgress, check_seed, fail, preflight, print_notes
 from simadmit.config.errors import InputError
-from simadmit.config.loading import load_scenario
-from simadmit.config.overrides import parse_assignments
+from simadmit.config.loading import load_scenario, trace_refs
+from simadmit.config.overrides import apply_overrides, parse_assignments
 from simadmit.config.resources import resolve_profile, resolve_scenario
 from simadmit.config.schema import ScenarioSpec
 from simadmit.results.report import print_summary
@@ -125,7 +125,9 @@ def run_files(result: ScenarioResult, spec: ScenarioSpec, base: Path) -> dict[st
     """The tables, the summary, and the scenario as run (paths made absolute), so `plot` can draw its SLAs."""
     doc = spec.model_dump(mode="json")
     for pool in doc["pools"]:
-        pool["profile"] = str(resolve_profile(pool["profile"], base))
+        pool["profile"] = str(Path(resolve_profile(pool["profile"], base) or pool["profile"]).absolute())
+    paths = {f"{where}.path": str(Path(t.path).absolute()) for where, t in trace_refs(spec)}
+    doc = apply_overrides(doc, paths)
     scenario_text = yaml.safe_dump(doc, sort_keys=False)
     summary_text = json.dumps(result.summary, indent=2, allow_nan=True) + "\n"
     return {

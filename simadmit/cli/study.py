@@ -22,7 +22,7 @@ from rich.table import Table
 from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight_each, print_notes
 from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError, problem
-from simadmit.config.loading import load_scenario, scenario_from_dict
+from simadmit.config.loading import load_scenario, load_scenario_fields, scenario_from_dict
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
@@ -409,7 +409,7 @@ def plot(
         scenario = directory / "scenario.yaml"  # written by `simadmit simulate --out`
     if scenario is not None:
         try:
-            spec, _ = load_scenario(scenario, None)
+            spec = load_scenario_fields(scenario)  # the SLOs; its profiles need not be where the run was
         except InputError as e:
             fail(e.problems)
             return

@@ -39,6 +39,14 @@ def load_scenario(
     return scenario_from_dict(data, path, overrides, workload_traces, set_by="--set"), path.parent
 
 
+def load_scenario_fields(path: str | Path) -> ScenarioSpec:
+    """A scenario file checked against the schema and the rules across sections, not against the disk:
+    for a reader of its fields alone (`plot`'s SLA lines) from a run folder that may have been copied
+    where the profiles and traces it names are not."""
+    path = Path(path)
+    return _validate(read_mapping(path, "scenario"), path)
+
+
 def scenario_from_dict(
     data: dict[str, object],
     source: str | Path | None = None,

@@ -433,6 +433,12 @@ SIM_CASES = [
         fragment="pools.0.profile: profile '.' is a folder, not a profile file",
     ),
     Case(
+        "profile-is-a-scenario",  # twelve lines: each profile field missing, each scenario section unknown
+        _set("pools.0.profile", "other.yaml"),
+        files={"other.yaml": yaml.safe_dump(BASE)},
+        fragment="other.yaml: is a scenario, not a calibration profile",
+    ),
+    Case(
         "profile-empty-file",
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": ""},
@@ -1314,6 +1320,11 @@ COMMAND_CASES = [
         "simulate-set-tag",  # a Python set, taken as a list in no set order
         ("simulate", "{in}/set-tag.yaml"),
         fragment="set-tag.yaml: line 6: not valid YAML (no field takes a !!set value",
+    ),
+    CommandCase(
+        "simulate-a-profile-as-the-scenario",  # ten lines: each scenario section missing, each profile field unknown
+        ("simulate", PROFILE),
+        fragment="llama-3.1-8b-h100.yaml: is a calibration profile, not a scenario",
     ),
     CommandCase(
         "simulate-nested-too-deeply",  # a RecursionError from the YAML parser

@@ -85,6 +85,25 @@ def pydantic_problems(
     return lines
 
 
+def another_kind(
+    source: str | Path | None,
+    document: object,
+    fields: Iterable[str],
+    what: str,
+    other: Iterable[str],
+    kind: str,
+) -> list[str]:
+    """One line for a file of another kind given as a `what`: none of its keys is one of `fields` and all
+    are fields of `kind` (`other`): a calibration profile given as the scenario, or the reverse, where a
+    line per key (missing, unknown) would not say what happened. Empty when the file is not one."""
+    keys = set(document) if isinstance(document, dict) else set()
+    if not keys or keys & set(fields) or not keys <= set(other):
+        return []
+    return [
+        problem(source, None, f"is {kind}, not a {what}: a scenario's pools name a profile (profile: ...)")
+    ]
+
+
 def _written_path(loc: tuple[object, ...], document: object) -> list[object]:
     """`loc` without the steps pydantic adds for a tagged union: `prompt_tokens.lognormal.sigma` is
     `prompt_tokens.sigma` in the file, whose mapping says `kind: lognormal`."""

@@ -15,9 +15,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from simadmit.config.errors import InputError, not_found, problem, pydantic_problems, read_mapping
+from simadmit.config.errors import (
+    InputError,
+    another_kind,
+    not_found,
+    problem,
+    pydantic_problems,
+    read_mapping,
+)
 from simadmit.config.overrides import apply_overrides, override
-from simadmit.config.profile import load_profile
+from simadmit.config.profile import PROFILE_FIELDS, load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import (
     ContinuousEngineSpec,
@@ -123,7 +130,9 @@ def _validate(
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as e:
-        raise InputError(pydantic_problems(source, e, document=data, origin=origin)) from None
+        fields = ScenarioSpec.model_fields
+        kind = another_kind(source, data, fields, "scenario", PROFILE_FIELDS, "a calibration profile")
+        raise InputError(kind or pydantic_problems(source, e, document=data, origin=origin)) from None
     problems = [
         problem(origin(field) if origin else source, field, message)
         for field, message in scenario_problems(spec)

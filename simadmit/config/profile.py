@@ -24,7 +24,8 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError
 
-from simadmit.config.errors import InputError, problem, pydantic_problems, read_mapping
+from simadmit.config.errors import InputError, another_kind, problem, pydantic_problems, read_mapping
+from simadmit.config.schema import ScenarioSpec
 from simadmit.config.workload_schema import MAX_GPUS_PER_REPLICA, MAX_SECONDS, MAX_TOKENS, Spec
 
 
@@ -85,6 +86,9 @@ class _ProfileFile(Spec):
     summary: _Summary
     fit: dict[str, object] = Field(default_factory=dict, description="fit quality reported by calibrate")
     warnings: list[str] = Field(default_factory=list)
+
+
+PROFILE_FIELDS = frozenset(_ProfileFile.model_fields)  # the top-level keys of a profile file
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +235,9 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
     try:
         p = _ProfileFile.model_validate(data)
     except ValidationError as e:
-        raise InputError(pydantic_problems(source, e, document=data)) from None
+        scenario = ScenarioSpec.model_fields
+        kind = another_kind(source, data, PROFILE_FIELDS, "calibration profile", scenario, "a scenario")
+        raise InputError(kind or pydantic_problems(source, e, document=data)) from None
     if p.engine.max_num_batched_tokens < p.engine.max_num_seqs:
         raise InputError(
             [

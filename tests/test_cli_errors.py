@@ -1377,6 +1377,8 @@ COMMAND_CASES = [
             ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
             ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
             ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
+            # "values are not valid YAML", not why
+            ("value-its-tag-refuses", "!!int x,2", "values are not valid YAML ('x' is not a !!int)"),
         )
     ),
     *(  # each started 100,000 worker processes

@@ -183,6 +183,11 @@ def load_yaml_text(text: str) -> object:
         raise yaml.YAMLError(TOO_DEEP) from None
 
 
+def not_yaml(e: yaml.YAMLError) -> str:
+    """Why YAML text was refused, as every reader of it says so: `not valid YAML (key 'kind' given twice)`."""
+    return f"not valid YAML ({getattr(e, 'problem', None) or e})"
+
+
 def not_found(path: Path, what: str) -> str:
     """Why nothing is read at `path`: nothing there, a link leading nowhere (its target gone, or a loop), or
     something that is no regular file (a device, a pipe)."""
@@ -210,7 +215,7 @@ def read_yaml(path: str | Path, what: str) -> object:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
-        raise InputError([problem(path, where, f"not valid YAML ({getattr(e, 'problem', e)})")]) from None
+        raise InputError([problem(path, where, not_yaml(e))]) from None
 
 
 def read_mapping(path: str | Path, what: str) -> dict:

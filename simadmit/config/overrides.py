@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from simadmit.config.errors import InputError, load_yaml_text, problem
+from simadmit.config.errors import InputError, load_yaml_text, not_yaml, problem
 
 
 def parse_assignments(values: Iterable[str]) -> dict[str, object]:
@@ -36,7 +36,7 @@ def parse_assignments(values: Iterable[str]) -> dict[str, object]:
         try:
             out[key.strip()] = load_yaml_text(raw)
         except yaml.YAMLError as e:
-            bad.append(problem("--set", item, f"not valid YAML ({getattr(e, 'problem', None) or e})"))
+            bad.append(problem("--set", item, not_yaml(e)))
     if bad:
         raise InputError(bad)
     return out

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import simadmit
-from simadmit.config.errors import InputError, load_yaml_text, problem
+from simadmit.config.errors import InputError, load_yaml_text, not_yaml, problem
 from simadmit.config.loading import load_scenario, scenario_from_dict, trace_refs
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
@@ -157,8 +157,8 @@ def parse_param(text: str) -> Param:
             if raw.lstrip().startswith("[")
             else [load_yaml_text(v) for v in raw.split(",")]
         )
-    except yaml.YAMLError:
-        raise InputError([problem("--param", text, "values are not valid YAML")]) from None
+    except yaml.YAMLError as e:
+        raise InputError([problem("--param", text, f"values are {not_yaml(e)}")]) from None
     values = parsed if isinstance(parsed, list) else [parsed]
     if not values or any(v is None for v in values):
         raise InputError([problem("--param", text, "empty value")])

@@ -2111,6 +2111,19 @@ def test_input_error_crosses_process_boundaries_whole() -> None:
     assert copied.problems == error.problems and str(copied) == str(error)
 
 
+def test_a_sweep_reads_its_scenario_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """A tier named `café` in a UTF-8 scenario: `sweep` read the file a second time in the locale's encoding
+    (a UnicodeDecodeError traceback in an ASCII locale, the name garbled in a Latin-1 one)."""
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(BASE).replace("interactive", "café"), encoding="utf-8")
+    ascii_locale = {"PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "LC_ALL": "POSIX", "LANG": ""}
+    result = subprocess.run(
+        [SIMADMIT, "sweep", str(tmp_path / "s.yaml"), "--param", "workload.rate_rps=1,2", "--out", str(tmp_path / "o")],
+        capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT), **ascii_locale}, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert "café" in pd.read_parquet(tmp_path / "o" / "sweep.parquet")["tier"].unique()
+
+
 def test_a_bad_trace_of_one_sweep_point_is_refused_before_any_point_runs(tmp_path: Path) -> None:
     """Every point's traces are read before the sweep starts: a malformed row of one point's trace is the
     one line `simulate` prints, naming the first point it was found in (once, though two points read it),

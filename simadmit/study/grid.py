@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 import simadmit
-from simadmit.config.errors import InputError, load_yaml_text, not_yaml, problem
+from simadmit.config.errors import InputError, load_yaml_text, not_yaml, problem, read_mapping
 from simadmit.config.loading import load_scenario, scenario_from_dict, trace_refs
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
@@ -183,7 +183,7 @@ def plan_sweep(
     """Validate the scenario and every grid point before anything runs; one problem per line."""
     base_spec, base = load_scenario(scenario, None)
     source = Path(scenario)
-    document = yaml.safe_load(source.read_text())
+    document = read_mapping(source, "scenario")  # as load_scenario read it: UTF-8, whatever the locale
     paths = [p.path for p in params]
     if len(set(paths)) != len(paths):
         raise InputError([problem("--param", ", ".join(paths), "each path may be swept once")])

@@ -229,3 +229,19 @@ def test_a_run_folder_plots_wherever_it_is(tmp_path: Path) -> None:
     result = run("plot", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "latency_cdf.png").is_file()
+
+
+def test_plot_in_a_folder_it_cannot_write(tmp_path: Path) -> None:
+    """A run folder `plot` may not write in (mode 555): one line naming it, no traceback, no figure."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc()))
+    runs = tmp_path / "runs"  # the figures are drawn beside the folder, then moved in
+    assert run("simulate", str(scenario), "--out", str(runs / "run")).returncode == 0
+    (runs / "run").chmod(0o555)
+    result = subprocess.run([*_bound_by_permissions(), *console_command(), "plot", str(runs / "run")],
+                            capture_output=True, text=True, env=env(), timeout=300, check=False)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert result.stderr.strip() == f"error: {runs / 'run'}: could not write the outputs (Permission denied); " \
+        "the folder is as it was"  # fmt: skip
+    assert not list((runs / "run").glob("*.png")) and sorted(p.name for p in runs.iterdir()) == ["run"]

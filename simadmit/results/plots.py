@@ -12,6 +12,7 @@ with load until the pool is saturated.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import math
 from pathlib import Path
@@ -24,7 +25,7 @@ from matplotlib.figure import Figure
 
 from simadmit.config.errors import InputError, problem
 from simadmit.results.curves import curves
-from simadmit.results.run_folder import FIGURES, read_manifest
+from simadmit.results.run_folder import FIGURES, Writer, add_files, read_manifest
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -182,13 +183,11 @@ def timeline(timeseries: pd.DataFrame, seed: int | None = None) -> Figure:
     return fig
 
 
-def _save(fig: Figure, out: Path, name: str) -> list[Path]:
-    """`fig` as `name`.png and .svg; `name` is one of `FIGURES`, which a later sweep removes as stale."""
+def _save(fig: Figure, name: str) -> dict[str, Writer]:
+    """Writers of `fig` as `name`.png and .svg; `name` is one of `FIGURES`, which a later sweep removes as
+    stale."""
     assert any(fnmatch.fnmatchcase(name, pattern) for pattern in FIGURES), name
-    paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths:
-        fig.savefig(p, dpi=130)
-    return paths
+    return {f"{name}.{ext}": functools.partial(fig.savefig, dpi=130) for ext in ("png", "svg")}
 
 
 def plot_directory(
@@ -199,6 +198,8 @@ def plot_directory(
     SLA lines come from `slo` (tier -> {"ttft_s", "e2e_s"}) or, for a sweep, from its sweep.json. A
     folder whose manifest is missing or disagrees with its files (a write cut short) raises `InputError`,
     and so does an `slo` read from `slo_source` that names none of the run's tiers (no line would show).
+    The figures are moved in once all are drawn and written (`add_files`): a write that fails (a folder
+    that cannot be written, a full disk) is an `InputError` naming the folder, with no figure half-written.
     """
     tables = ("sweep.parquet", "requests.parquet", "timeseries.parquet")
     if any((directory / t).is_file() for t in tables):
@@ -208,25 +209,23 @@ def plot_directory(
             f"none of them ({', '.join(slo)}) is a tier of the run in {directory} ({', '.join(sorted(ran))})"
         )
         raise InputError([problem(slo_source, "workload.tiers", f"{why}: no SLA line would be drawn")])
-    written: list[Path] = []
+    figures: dict[str, Writer] = {}
     if (directory / "sweep.parquet").is_file():
         table = pd.read_parquet(directory / "sweep.parquet")
         meta = directory / "sweep.json"
         slo = slo or (json.loads(meta.read_text())["tier_slo"] if meta.is_file() else {})
         tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
         for tier in [t for t in tiers if t != "all"] + ["all"]:
-            written += _save(
-                latency_vs_utilization(table, tier, slo.get(tier)), directory, f"p99_vs_utilization_{tier}"
-            )
-            written += _save(rejection_vs_load(table, tier), directory, f"rejection_vs_load_{tier}")
-            written += _save(goodput_vs_load(table, tier), directory, f"goodput_vs_load_{tier}")
+            figures |= _save(latency_vs_utilization(table, tier, slo.get(tier)), f"p99_vs_utilization_{tier}")
+            figures |= _save(rejection_vs_load(table, tier), f"rejection_vs_load_{tier}")
+            figures |= _save(goodput_vs_load(table, tier), f"goodput_vs_load_{tier}")
     if (directory / "requests.parquet").is_file():
-        written += _save(
-            latency_cdfs(pd.read_parquet(directory / "requests.parquet"), slo), directory, "latency_cdf"
-        )
+        figures |= _save(latency_cdfs(pd.read_parquet(directory / "requests.parquet"), slo), "latency_cdf")
     if (directory / "timeseries.parquet").is_file():
-        written += _save(timeline(pd.read_parquet(directory / "timeseries.parquet")), directory, "timeline")
-    return written
+        figures |= _save(timeline(pd.read_parquet(directory / "timeseries.parquet")), "timeline")
+    if figures:
+        add_files(directory, figures)
+    return [directory / name for name in figures]
 
 
 def _run_tiers(directory: Path) -> set[str]:

@@ -3,6 +3,7 @@ the path, exit code 2, no traceback, and nothing simulated first."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -245,3 +246,19 @@ def test_plot_in_a_folder_it_cannot_write(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"error: {runs / 'run'}: could not write the outputs (Permission denied); " \
         "the folder is as it was"  # fmt: skip
     assert not list((runs / "run").glob("*.png")) and sorted(p.name for p in runs.iterdir()) == ["run"]
+
+
+def test_a_damaged_saved_point_is_run_again(tmp_path: Path) -> None:
+    """A sweep's saved point that holds no result (emptied, cut short by a copy, edited) was a JSONDecodeError
+    or TypeError traceback on every later run of the sweep; it is run again and its file replaced."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_doc()))
+    sweep = ("sweep", str(scenario), "--param", "workload.rate_rps=10,20", "--out", str(tmp_path / "o"))
+    assert run(*sweep).returncode == 0
+    for damage in ('{"summ', "", "[]", '{"summary": 3}'):
+        point = sorted((tmp_path / "o" / "points").glob("*.json"))[0]
+        point.write_text(damage)
+        result = run(*sweep)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "(1 reused from" in result.stdout, result.stdout
+        assert "summary" in json.loads(point.read_text())

@@ -1,7 +1,9 @@
 """Point store: a sweep's finished units on disk, one JSON file each under `DIR/points/<key>.json`.
 
 Each unit is saved as soon as it finishes, written to a temporary file and then renamed, so an
-interruption never leaves half a result: a unit either has its file or is run again. Keys come from
+interruption never leaves half a result: a unit either has its file or is run again. A file that holds no
+saved unit (damaged, emptied, edited by hand) counts as none: its unit is run again and the file replaced,
+as everything here can be recomputed. Keys come from
 `simadmit.study.grid`, so a saved result is found again only for the same inputs, code, point and seed.
 """
 
@@ -23,7 +25,7 @@ class PointStore:
         return self.directory / f"{key}.json"
 
     def has(self, key: str) -> bool:
-        return self.path(key).is_file()
+        return self._read(key) is not None
 
     def save(self, key: str, record: dict) -> None:
         tmp = self.directory / f".{key}.{os.getpid()}.tmp"
@@ -31,4 +33,18 @@ class PointStore:
         os.replace(tmp, self.path(key))
 
     def load(self, key: str) -> dict:
-        return json.loads(self.path(key).read_text())
+        record = self._read(key)
+        if record is None:
+            raise KeyError(f"no saved unit {key} in {self.directory}")  # `has` says which are saved
+        return record
+
+    def _read(self, key: str) -> dict | None:
+        """The saved unit, or None where its file is missing or holds none (not JSON, not a run's record)."""
+        try:
+            record = json.loads(self.path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        whole = isinstance(record, dict) and all(
+            isinstance(record.get(f), dict) for f in ("summary", "arrival_rate_rps")
+        )
+        return record if whole else None

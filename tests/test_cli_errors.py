@@ -1522,6 +1522,11 @@ COMMAND_CASES = [
         fragment="binary.yaml: not a text file",
     ),
     CommandCase(
+        "plot-a-table-without-a-column-it-draws",  # a KeyError traceback
+        ("plot", "{in}/older-run"),
+        fragment="older-run/requests.parquet: no column 'decision', which plot draws from",
+    ),
+    CommandCase(
         "plot-folder-without-manifest",
         ("plot", "{in}/damaged"),
         fragment="damaged: incomplete folder: no manifest.json",
@@ -2067,6 +2072,15 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         replay_doc = copy.deepcopy(doc)
         _trace_workload(trace)(replay_doc)
         (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
+    (
+        root / "older-run"
+    ).mkdir()  # a run whose requests table lacks a column plot draws from, its manifest whole
+    older = pd.read_parquet(root / "sim" / "requests.parquet").drop(columns=["decision"])
+    older.to_parquet(root / "older-run" / "requests.parquet")
+    size = (root / "older-run" / "requests.parquet").stat().st_size
+    (root / "older-run" / "manifest.json").write_text(
+        json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
+    )
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
     with socket.socket() as free, socket.socket() as busy:

@@ -15,6 +15,8 @@ import fnmatch
 import functools
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -211,21 +213,40 @@ def plot_directory(
         raise InputError([problem(slo_source, "workload.tiers", f"{why}: no SLA line would be drawn")])
     figures: dict[str, Writer] = {}
     if (directory / "sweep.parquet").is_file():
-        table = pd.read_parquet(directory / "sweep.parquet")
         meta = directory / "sweep.json"
         slo = slo or (json.loads(meta.read_text())["tier_slo"] if meta.is_file() else {})
-        tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
-        for tier in [t for t in tiers if t != "all"] + ["all"]:
-            figures |= _save(latency_vs_utilization(table, tier, slo.get(tier)), f"p99_vs_utilization_{tier}")
-            figures |= _save(rejection_vs_load(table, tier), f"rejection_vs_load_{tier}")
-            figures |= _save(goodput_vs_load(table, tier), f"goodput_vs_load_{tier}")
+        with _drawn_from(directory / "sweep.parquet") as table:
+            tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
+            for tier in [t for t in tiers if t != "all"] + ["all"]:
+                latency = latency_vs_utilization(table, tier, slo.get(tier))
+                figures |= _save(latency, f"p99_vs_utilization_{tier}")
+                figures |= _save(rejection_vs_load(table, tier), f"rejection_vs_load_{tier}")
+                figures |= _save(goodput_vs_load(table, tier), f"goodput_vs_load_{tier}")
     if (directory / "requests.parquet").is_file():
-        figures |= _save(latency_cdfs(pd.read_parquet(directory / "requests.parquet"), slo), "latency_cdf")
+        with _drawn_from(directory / "requests.parquet") as table:
+            figures |= _save(latency_cdfs(table, slo), "latency_cdf")
     if (directory / "timeseries.parquet").is_file():
-        figures |= _save(timeline(pd.read_parquet(directory / "timeseries.parquet")), "timeline")
+        with _drawn_from(directory / "timeseries.parquet") as table:
+            figures |= _save(timeline(table), "timeline")
     if figures:
         add_files(directory, figures)
     return [directory / name for name in figures]
+
+
+@contextmanager
+def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
+    """The table at `path`, for the figures drawn from it in the block: a column they need that it lacks
+    (a table of another kind, or written by an older simadmit) is an `InputError` naming the table."""
+    table = pd.read_parquet(path)
+    try:
+        yield table
+    except KeyError as e:
+        missing = e.args[0] if e.args else "?"
+        column = missing[0] if isinstance(missing, list) and missing else missing
+        why = (
+            f"no column {column!r}, which plot draws from (a table of another kind, or of an older simadmit)"
+        )
+        raise InputError([problem(path, None, f"{why}: run the command that writes it again")]) from None
 
 
 def _run_tiers(directory: Path) -> set[str]:

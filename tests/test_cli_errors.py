@@ -1829,7 +1829,7 @@ COMMAND_CASES = [
             "--port",
             "{busy}",
         ),
-        fragment="ok.yaml: gateway.http.tier_header: 'x tier' is not an HTTP header name",
+        fragment="--set: gateway.http.tier_header: 'x tier' is not an HTTP header name",  # the value --set wrote
     ),
     CommandCase(
         "gateway-one-header-for-two-things",

@@ -5,8 +5,9 @@ only once every file is complete; `manifest.json` (the files, their sizes, and w
 short) is written last. A write that fails part-way (disk full, permission denied) leaves the previous
 folder exactly as it was and no folder that looks complete. A folder that also holds state to keep (a
 sweep's saved points) is updated file by file, each file replaced atomically, the old manifest removed
-first (with the figures `plot` drew from the tables being replaced) and the new one written last. Readers (`plot`) refuse a folder without a manifest that matches
-its files. `check_destination` finds a destination that cannot be written before anything runs.
+first (with the figures `plot` drew from the tables being replaced) and the new one written last.
+Readers (`plot`) refuse a folder without a manifest that matches its files. `check_destination` finds a
+destination that cannot be written before anything runs.
 """
 
 from __future__ import annotations

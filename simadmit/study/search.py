@@ -150,8 +150,9 @@ class Search:
         for u in dict.fromkeys(units):
             if u in self.cache:
                 continue
-            if self.store is not None and self.store.has(self._key(u)):
-                self.cache[u] = self._policy_summary(self.store.load(self._key(u)))
+            saved = self.store.get(self._key(u)) if self.store is not None else None
+            if saved is not None:
+                self.cache[u] = self._policy_summary(saved)
             else:
                 todo.append(u)
         args = [(self.document, str(self.source), self._overrides(s, load), seed) for s, load, seed in todo]

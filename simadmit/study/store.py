@@ -25,7 +25,7 @@ class PointStore:
         return self.directory / f"{key}.json"
 
     def has(self, key: str) -> bool:
-        return self._read(key) is not None
+        return self.get(key) is not None
 
     def save(self, key: str, record: dict) -> None:
         tmp = self.directory / f".{key}.{os.getpid()}.tmp"
@@ -33,12 +33,12 @@ class PointStore:
         os.replace(tmp, self.path(key))
 
     def load(self, key: str) -> dict:
-        record = self._read(key)
+        record = self.get(key)
         if record is None:
             raise KeyError(f"no saved unit {key} in {self.directory}")  # `has` says which are saved
         return record
 
-    def _read(self, key: str) -> dict | None:
+    def get(self, key: str) -> dict | None:
         """The saved unit, or None where its file is missing or holds none (not JSON, not a run's record)."""
         try:
             record = json.loads(self.path(key).read_text(encoding="utf-8"))

@@ -161,8 +161,8 @@ def calibrate_command(
             problems.append(problem(None, "--", "arguments after -- are for a server started with --launch"))
         if limits := engine_limits_problem(max_num_batched_tokens, max_num_seqs):
             problems.append(problem(None, "--max-num-batched-tokens", limits))
-        if out_arg is not None and (out_arg.endswith(("/", os.sep)) or Path(out_arg).is_dir()):
-            what = "is a folder" if Path(out_arg).is_dir() else "names a folder (it ends in /)"
+        if out is not None and out_arg is not None and (out_arg.endswith(("/", os.sep)) or out.is_dir()):
+            what = "is a folder" if out.is_dir() else "names a folder (it ends in /)"
             problems.append(
                 problem(out, None, f"{what}; give the profile's file, e.g. profiles/my-model.yaml")
             )

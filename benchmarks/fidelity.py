@@ -36,7 +36,8 @@ import random
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -465,33 +466,59 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def engine_threads() -> tuple[list[str], list[int]]:
+    """(process ids, thread ids) of vLLM's engine here: its scheduler, `VLLM::EngineCore`, and its model
+    worker, `VLLM::Worker` (only one server runs, under the lock)."""
+    processes, threads = [], []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().startswith(("VLLM::Worker", "VLLM::EngineCor")):
+                threads += [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+                processes.append(pid)
+        except OSError:  # gone
+            continue
+    return processes, threads
+
+
 def isolate_engine() -> str:
-    """Give vLLM's engine (its scheduler, `VLLM::EngineCore`, and its model worker, `VLLM::Worker`) core 0
-    to itself and put this process (and what it starts) on core 1.
+    """Give vLLM's engine (`engine_threads`) core 0 to itself and put this process (and what it starts) on
+    core 1.
 
     On 2 cores the engine's steps are what is measured: a load client, API server or calibration sharing
     the worker's core slows every step (by 10-25% in one trial), and so does one sharing the scheduler's (a
     busy loop on the API server's core slowed a lone decode by 11% with the scheduler there, 5% with it
     beside the worker), so the placement is set here rather than left to how the server bound its threads.
-    Every thread of those processes is moved (only one server runs, under the lock). Returns what was done,
-    for the results header."""
+    Every thread of those processes is moved. Returns what was done, for the results header."""
     if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
         return "no core placement (one core)"
-    workers = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith(("VLLM::Worker", "VLLM::EngineCor")):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    os.sched_setaffinity(int(tid), {0})
-                workers.append(pid)
-        except OSError:  # gone, or not ours to move
-            continue
+    processes, threads = engine_threads()
+    for tid in threads:
+        with suppress(OSError):  # gone, or not ours to move
+            os.sched_setaffinity(tid, {0})
     os.sched_setaffinity(0, {1})
     return (
-        f"vLLM engine {', '.join(workers)} alone on core 0, the rest on core 1"
-        if workers
+        f"vLLM engine {', '.join(processes)} alone on core 0, the rest on core 1"
+        if processes
         else "no local worker"
     )
+
+
+@contextmanager
+def engine_alone() -> Iterator[str]:
+    """`isolate_engine` for the length of a block (a test's): the engine's threads and this process get
+    their own cores back after it, so what runs next shares the machine as before."""
+    if not hasattr(os, "sched_getaffinity"):
+        yield isolate_engine()
+        return
+    before = {tid: os.sched_getaffinity(tid) for tid in engine_threads()[1]}
+    mine = os.sched_getaffinity(0)
+    try:
+        yield isolate_engine()
+    finally:
+        os.sched_setaffinity(0, mine)
+        for tid, cores in before.items():
+            with suppress(OSError):
+                os.sched_setaffinity(tid, cores)
 
 
 def start_server(out: Path):  # type: ignore[no-untyped-def]

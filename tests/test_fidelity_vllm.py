@@ -29,7 +29,7 @@ LOADS = (0.3, 0.9)
 
 
 @pytest.fixture(scope="module")
-def profile(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def profile(vllm_server: VllmServer, engine_alone: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # At 30% and 90% of capacity the server ran batches of at most 16-18 sequences, and a 90 s calibration to
     # 64 would not end within its budget's cap on this CPU.
     return calibrate(vllm_server.url, tmp_path_factory.mktemp("fidelity"), "90s", max_concurrency=16)

@@ -63,7 +63,7 @@ def test_the_budget_measures_through_a_gateway_process_on_a_fake_server(tmp_path
 
 
 @pytest.fixture(scope="module")
-def profile(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def profile(vllm_server: VllmServer, engine_alone: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # The pool budget keeps the batch near 16 sequences (16 running on average at 150%, at most 24), and a
     # 90 s calibration to 64 would not end within its budget's cap on this CPU.
     return calibrate(vllm_server.url, tmp_path_factory.mktemp("gateway-fidelity"), "90s", max_concurrency=16)

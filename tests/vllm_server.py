@@ -124,3 +124,15 @@ def vllm_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vl
     log = work / "server.log"
     with launched_server(str(model_dir), server_args(), str(python), log, timeout_s=600, env=env) as url:
         yield VllmServer(url=url, model=SERVED_NAME, python=python, model_dir=model_dir, log=log)
+
+
+@pytest.fixture(scope="module", name="engine_alone")
+def engine_alone_fixture(vllm_server: VllmServer) -> Iterator[str]:
+    """For one module's tests, vLLM's engine alone on core 0 and the tests (and what they start) on core 1, as
+    the fidelity benchmarks run (`benchmarks/fidelity.py`, `isolate_engine`); the cores are shared again
+    after."""
+    from benchmarks.fidelity import engine_alone
+
+    with engine_alone() as placement:
+        print(placement)
+        yield placement

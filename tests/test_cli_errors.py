@@ -483,6 +483,12 @@ SIM_CASES = [
         fragment="p.yaml: gpus_per_replica: Input should be less than or equal to 1024",
     ),
     Case(
+        "profile-tensor-parallel-beyond-its-gpus",  # a replica of 1 GPU split 8 ways: accepted, silently
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(tensor_parallel=8)},
+        fragment="p.yaml: tensor_parallel: must divide gpus_per_replica (1)",
+    ),
+    Case(
         "profile-huge-kv-block",  # allocated per block phase: 53 s and gigabytes for 39 requests
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(kv_block_size=10**9)},
@@ -972,6 +978,13 @@ SIM_CASES = [
         fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
     ),
     Case(
+        "trace-partial-columns-of-another-format",  # a line per column the map lacked, not why
+        _trace_workload(columns={"prompt_tokens": "foo"}),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
+        absent="required field is missing",
+    ),
+    Case(
         "set-value-its-tag-refuses",  # a traceback
         args=("--set", "name=!!bool x"),
         fragment="--set: name=!!bool x: not valid YAML ('x' is not a !!bool)",
@@ -1365,6 +1378,17 @@ COMMAND_CASES = [
         "sweep-value-is-printed-as-typed",
         ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=a:b:3", "--out", "{tmp}/s"),
         fragment="--param: workload.rate_rps=a:b:3: a range is",  # not an emoji, not markup
+    ),
+    CommandCase(
+        "sweep-unknown-path-said-once",  # the same line once per value
+        ("sweep", "{in}/ok.yaml", "--param", "workload.bogus=1,2,3", "--out", "{tmp}/s"),
+        fragment="--param workload.bogus: {in}/ok.yaml: workload.bogus: unknown field",
+        absent="workload.bogus=",
+    ),
+    CommandCase(
+        "sweep-value-echoed-as-yaml",  # "workload.seed=True", a value the user never typed
+        ("sweep", "{in}/ok.yaml", "--param", "workload.seed=true,2", "--out", "{tmp}/s"),
+        fragment="--param workload.seed=true: {in}/ok.yaml: workload.seed: Input should be a number, not true",
     ),
     *(
         CommandCase(
@@ -1798,6 +1822,11 @@ COMMAND_CASES = [
         "gateway-port-in-use",
         ("gateway", "--backend", "{refused}", "--host", "127.0.0.1", "--port", "{busy}"),
         fragment="--host 127.0.0.1 --port {busy}: cannot listen there (Address already in use)",
+    ),
+    CommandCase(
+        "gateway-host-empty",  # listened on every address, as `--host "$UNSET"` would
+        ("gateway", "--backend", "{refused}", "--host", "", "--port", "{busy}"),
+        fragment="--host '': no address given (0.0.0.0 listens on every address)",
     ),
     CommandCase(
         "gateway-binary-scenario",

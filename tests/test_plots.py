@@ -127,5 +127,7 @@ def test_plot_command_writes_png_and_svg(sweep_dir: Path, run_dir: Path, tmp_pat
     result = runner.invoke(app, ["plot", str(run_dir), "--scenario", str(short_scenario(tmp_path))])
     assert result.exit_code == 0, result.output
     assert (run_dir / "latency_cdf.png").stat().st_size > 5000 and (run_dir / "timeline.svg").is_file()
+    bundled = runner.invoke(app, ["plot", str(run_dir), "--scenario", "default"])  # a bundled scenario's name
+    assert bundled.exit_code == 0, bundled.output
     empty = runner.invoke(app, ["plot", str(tmp_path)])
     assert empty.exit_code == 2 and "nothing" not in empty.output and "no sweep.parquet" in empty.output

@@ -75,6 +75,8 @@ def gateway(
             spec, base = load_scenario(path, overrides, workload_traces=False)
         settings = serve_settings(spec, base, backend, policy, path)
         host = host.removeprefix("[").removesuffix("]")  # [::1], as an IPv6 address is written in a URL
+        if not host.strip():  # the socket would take "" for every address: an unset variable, not a choice
+            raise InputError(["--host '': no address given (0.0.0.0 listens on every address)"])
         listener = listen(host, port)
     except InputError as e:
         fail(e.problems)

@@ -394,7 +394,10 @@ def plot(
     ],
     scenario: Annotated[
         Path | None,
-        typer.Option(help="scenario whose tier SLOs are drawn as SLA lines (default: DIR/scenario.yaml)"),
+        typer.Option(
+            help="scenario (a file or a bundled name) whose tier SLOs are drawn as SLA lines "
+            "(default: DIR/scenario.yaml)"
+        ),
     ] = None,
 ) -> None:
     """Draw the figures the directory's tables allow, as PNG and SVG next to them."""
@@ -404,7 +407,8 @@ def plot(
     if not directory.is_dir():
         fail([f"{directory}: not a directory"])
         return
-    slo, given = None, scenario
+    given = resolve_scenario(scenario) if scenario is not None else None  # a file, or a bundled name
+    slo, scenario = None, given
     if scenario is None and (directory / "scenario.yaml").is_file():
         scenario = directory / "scenario.yaml"  # written by `simadmit simulate --out`
     if scenario is not None:

@@ -248,6 +248,9 @@ def profile_from_dict(data: object, source: str | Path | None = None) -> Profile
                 )
             ]
         )
+    if p.gpus_per_replica % p.tensor_parallel:
+        why = f"must divide gpus_per_replica ({p.gpus_per_replica}): a replica spans tensor x pipeline GPUs"
+        raise InputError([problem(source, "tensor_parallel", why)])
     step = StepTimeModel(**p.step_time.model_dump())
     longest = _longest_request_s(step, p.engine)
     if longest <= 0:  # every coefficient 0: each request would be served at once, whatever the load

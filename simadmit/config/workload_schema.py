@@ -226,12 +226,25 @@ class TraceFileSpec(Spec):
         default="fail", description="skip: drop malformed rows, and count them"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _columns_of_a_known_format(cls, data: object) -> object:
+        """Columns given to a format that reads its own would be ignored: said before they are checked, so
+        a partial map is one line rather than a line per column it lacks."""
+        if (
+            isinstance(data, dict)
+            and data.get("format") in ("azure", "mooncake")
+            and data.get("columns") is not None
+        ):
+            raise ValueError(
+                f"columns apply to format: mapped (format {data['format']} reads its own columns)"
+            )
+        return data
+
     @model_validator(mode="after")
     def _columns(self) -> TraceFileSpec:
         if self.format == "mapped" and self.columns is None:
             raise ValueError("format: mapped needs columns: {arrival, prompt_tokens, output_tokens}")
-        if self.format != "mapped" and self.columns is not None:  # they would be ignored
-            raise ValueError(f"columns apply to format: mapped (format {self.format} reads its own columns)")
         if self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})")
         return self

@@ -177,6 +177,20 @@ def _distinct(text: str, values: list[object]) -> None:
         raise InputError([problem("--param", text, f"the value {twice[0]!r} is given twice")])
 
 
+def _value_problems(document: dict, source: Path, path: str, value: object) -> list[str]:
+    """What is wrong with the scenario once `path` is set to `value` (nothing: an empty list)."""
+    try:
+        scenario_from_dict(document, source, {path: value})
+    except InputError as e:
+        return e.problems
+    return []
+
+
+def yaml_value(value: object) -> str:
+    """A swept value as the user wrote it in YAML (`true`, not Python's `True`)."""
+    return yaml.safe_dump(value, default_flow_style=True, width=math.inf).removesuffix("\n...\n").strip()
+
+
 def plan_sweep(
     scenario: str | Path, params: list[Param], replications: int = 1, seed: int | None = None
 ) -> SweepPlan:
@@ -192,11 +206,13 @@ def plan_sweep(
         raise InputError([problem("--param", sizes, f"a sweep runs at most {MAX_POINTS:,} points")])
     problems: list[str] = []
     for p in params:  # one line per bad value, named by the value rather than by a whole combination
-        for v in p.values:
-            try:
-                scenario_from_dict(document, source, {p.path: v})
-            except InputError as e:
-                problems += [f"--param {p.path}={v}: {line}" for line in e.problems]
+        found = [(v, _value_problems(document, source, p.path, v)) for v in p.values]
+        distinct = {tuple(lines) for _, lines in found}
+        # every value wrong alike (an unknown path): one line for the path, not one per value
+        if len(distinct) == 1 and len(found) > 1 and () not in distinct:
+            problems += [f"--param {p.path}: {line}" for line in found[0][1]]
+            continue
+        problems += [f"--param {p.path}={yaml_value(v)}: {line}" for v, lines in found for line in lines]
     points = tuple(
         tuple(zip(paths, combo, strict=True)) for combo in itertools.product(*(p.values for p in params))
     )

@@ -66,18 +66,29 @@ async def ttft_split(
     return None
 
 
+async def _times_outside(
+    client: httpx.AsyncClient, ways: tuple[Endpoint, ...], engine: Endpoint, requests: int
+) -> list[list[float]] | None:
+    """Per way in, the times outside `engine` (client TTFT - engine time) of `requests` lone short requests,
+    the ways taken in turns so a drifting machine weighs on each alike; None when fewer than half of any
+    way's could be measured (a server without the engine's histograms, or a busy one)."""
+    prompts = PromptMaker(await tokenize(client, engine, SAMPLE_TEXT), random.Random())
+    times: list[list[float]] = [[] for _ in ways]
+    for _ in range(requests):
+        for way, got in zip(ways, times, strict=True):
+            split = await ttft_split(client, way, prompts.make(PROMPT_TOKENS), engine_url=engine.base_url)
+            if split is not None:
+                got.append(split[0] - split[1])
+    return times if all(2 * len(got) >= requests for got in times) else None
+
+
 async def measure_api_latency(
     client: httpx.AsyncClient, endpoint: Endpoint, requests: int = REQUESTS
 ) -> float | None:
-    """The median over `requests` lone short requests of client TTFT - engine time (never below zero); None
-    when fewer than half could be measured (a server without the engine's histograms, or a busy one)."""
-    prompts = PromptMaker(await tokenize(client, endpoint, SAMPLE_TEXT), random.Random())
-    outside = []
-    for _ in range(requests):
-        split = await ttft_split(client, endpoint, prompts.make(PROMPT_TOKENS))
-        if split is not None:
-            outside.append(max(0.0, split[0] - split[1]))
-    return statistics.median(outside) if 2 * len(outside) >= requests else None
+    """The median time outside the engine of `requests` lone short requests (never below zero); None when
+    fewer than half could be measured."""
+    times = await _times_outside(client, (endpoint,), endpoint, requests)
+    return None if times is None else max(0.0, statistics.median(times[0]))
 
 
 async def measure_gateway_latency(
@@ -85,17 +96,9 @@ async def measure_gateway_latency(
 ) -> float | None:
     """A gateway's own latency (`gateway.latency_s`): the median time outside the engine of lone short
     requests sent through the gateway at `gateway_url`, less that of the same requests sent straight to
-    `backend` (taken in turns, so a drifting machine weighs on both alike); never below zero. None when
-    fewer than half of either could be measured."""
-    through = replace(backend, base_url=gateway_url)
-    prompts = PromptMaker(await tokenize(client, backend, SAMPLE_TEXT), random.Random())
-    direct: list[float] = []
-    gateway: list[float] = []
-    for _ in range(requests):
-        for way, times in ((backend, direct), (through, gateway)):
-            split = await ttft_split(client, way, prompts.make(PROMPT_TOKENS), engine_url=backend.base_url)
-            if split is not None:
-                times.append(split[0] - split[1])
-    if 2 * min(len(direct), len(gateway)) < requests:
+    `backend`; never below zero. None when fewer than half of either could be measured."""
+    times = await _times_outside(client, (backend, replace(backend, base_url=gateway_url)), backend, requests)
+    if times is None:
         return None
+    direct, gateway = times
     return max(0.0, statistics.median(gateway) - statistics.median(direct))

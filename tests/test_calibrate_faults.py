@@ -19,7 +19,7 @@ import pytest
 from simadmit.calibrate.client import Endpoint
 from simadmit.calibrate.measurements import MeasurementLog, read_measurements
 from simadmit.calibrate.overhead import OverheadMonitor
-from simadmit.calibrate.phases import Cell, EndpointLost, Runner, RunnerSettings
+from simadmit.calibrate.phases import Cell, EndpointLost, Runner, RunnerSettings, in_rounds
 from simadmit.calibrate.prompts import PromptMaker
 from simadmit.config.errors import InputError
 
@@ -105,3 +105,24 @@ def test_an_endpoint_that_keeps_failing_stops_the_run(tmp_path: Path) -> None:
 def test_a_rejected_request_is_the_users_problem(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="HTTP 400: prompt too long"):
         asyncio.run(run(["400"], tmp_path / "m.csv", [CELL]))
+
+
+def test_rounds_share_each_cell_s_time(tmp_path: Path) -> None:
+    """A cell run in two rounds spends its time once, not once per round: the second round finds the first's
+    requests done and takes only what is left (the first's overshoot, a request's drain, counts against it),
+    and its requests carry on the first's sequence numbers."""
+    cell = Cell("decode", 1, (4,), 3, budget_s=0.4, min_requests=2)
+    path = tmp_path / "m.csv"
+    rounds = in_rounds([cell], rounds=2)
+    assert [(c.budget_s, c.min_requests) for c in rounds] == [(0.2, 1), (0.4, 2)]
+    asyncio.run(run(["ok"] * 100_000, path, rounds))
+    rows = read_measurements(path)
+    assert [r.seq for r in rows] == list(range(len(rows)))
+    first_round = [r for r in rows if r.start_unix_s < rows[0].start_unix_s + 0.2]
+    spent = sum(r.e2e_s for r in rows)
+    longest = max(r.e2e_s for r in rows)
+    # each round's time is the wall clock (requests and the client's gaps between them), so the requests'
+    # own time is a little less: more than the first round's share, never past the whole cell's (0.6 s when
+    # the second round ran its 0.4 s again)
+    assert 0.2 < spent <= 0.4 + longest, (spent, longest)
+    assert len(first_round) < len(rows)

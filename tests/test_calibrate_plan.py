@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from simadmit.calibrate.client import Endpoint
 from simadmit.calibrate.metrics import CacheConfig
-from simadmit.calibrate.phases import concurrency_levels, plan_cells, prefill_lengths
+from simadmit.calibrate.phases import ROUNDS, concurrency_levels, in_rounds, plan_cells, prefill_lengths
 from simadmit.calibrate.prompts import PromptMaker
 from simadmit.calibrate.run import CalibrationConfig, plan
 from simadmit.calibrate.workload_mix import workload_prompt_lengths
@@ -158,3 +158,22 @@ def test_no_batch_larger_than_the_servers_max_num_seqs() -> None:
     )
     assert max(c.concurrency for c in plan(config, endpoint, cache)) == 16
     assert max(c.concurrency for c in plan(replace(config, max_num_seqs=256), endpoint, cache)) == 64
+
+
+def test_the_plan_runs_in_rounds() -> None:
+    """After the warm-up every cell runs ROUNDS times in the plan's order, round k owing k/ROUNDS of the
+    cell's time and requests, the last round all of it: a drift of the machine during the calibration falls
+    on every phase."""
+    cells = plan_cells(2048, 93184, 16, 600, token_budget=2048)
+    run = in_rounds(cells)
+    rest = cells[1:]
+    assert run[0] == cells[0] and len(run) == 1 + ROUNDS * len(rest)
+    for k in range(1, ROUNDS + 1):
+        block = run[1 + (k - 1) * len(rest) : 1 + k * len(rest)]
+        assert [(c.phase, c.concurrency, c.prompt_tokens) for c in block] == [
+            (c.phase, c.concurrency, c.prompt_tokens) for c in rest
+        ]
+        for c, whole in zip(block, rest, strict=True):
+            assert c.budget_s == pytest.approx(whole.budget_s * k / ROUNDS)
+            assert whole.min_requests * k / ROUNDS <= c.min_requests <= whole.min_requests
+    assert run[-len(rest) :] == rest

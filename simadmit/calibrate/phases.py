@@ -10,6 +10,11 @@ prompts (context: a decode step reads every token's KV, so its cost grows with t
 short-prompt batches cannot tell apart from their size), steps where long prefills join running decodes
 (mixed), and a saturated batch.
 
+The cells after the warm-up run in rounds (`in_rounds`), each round taking every cell's share of its time:
+the speed of a shared machine drifts by 10-25% over minutes, and a phase measured in one stretch takes the
+speed of that stretch (a lone decode measured 14% slower than the same server's replays ran it an hour
+later), while rounds spread a drift over every phase.
+
 A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
 exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the
 worker, keeping the slot. Every attempt, failed or not, is appended to the measurements CSV at once.
@@ -22,7 +27,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -45,6 +50,7 @@ MIXED_CONCURRENCY = 2  # each request decodes while the other's long prompt is p
 # requests' prefills inside it (found from their first tokens), so windows need not be pure decode, and short
 # requests let the sweep reach the large batches a saturated server runs within the budget.
 DECODE_OUTPUT_TOKENS = 64
+ROUNDS = 2  # each a pass over every cell but the warm-up; more would add the cells' drain tails again
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +163,20 @@ def plan_cells(
     return cells
 
 
+def in_rounds(cells: list[Cell], rounds: int = ROUNDS) -> list[Cell]:
+    """The plan as it runs: the warm-up, then every other cell `rounds` times, in order. A round's cell holds
+    what the cell owes by the end of that round (k/rounds of its time and of its minimum requests), so the
+    runner, which subtracts what is already measured, gives each round its share, and a resumed run picks
+    up where it stopped."""
+    warmup = [c for c in cells if c.phase == "warmup"]
+    rest = [c for c in cells if c.phase != "warmup"]
+    return warmup + [
+        replace(c, budget_s=c.budget_s * k / rounds, min_requests=math.ceil(c.min_requests * k / rounds))
+        for k in range(1, rounds + 1)
+        for c in rest
+    ]
+
+
 @dataclass(slots=True)
 class RunStats:
     """Counters over the run: successes, retried faults by kind, requests given up after all retries."""
@@ -250,28 +270,28 @@ class Runner:
                 ) from None
             self._overhead.record(a.client_busy_s)
             self.stats.busy_s[cell.label] += a.e2e_s
-            self._log.append(
-                Measurement(
-                    phase=cell.phase,
-                    concurrency=cell.concurrency,
-                    seq=seq,
-                    attempt=attempt,
-                    model=self._endpoint.model,
-                    start_unix_s=a.start_unix_s,
-                    prompt_tokens_target=prompt_tokens,
-                    prompt_tokens=a.prompt_tokens,
-                    output_tokens_target=cell.output_tokens,
-                    output_tokens=a.output_tokens,
-                    ttft_s=a.ttft_s,
-                    itl_mean_s=a.itl_mean_s,
-                    itl_p50_s=a.itl_p50_s,
-                    itl_p90_s=a.itl_p90_s,
-                    itl_max_s=a.itl_max_s,
-                    n_chunks=a.n_chunks,
-                    e2e_s=a.e2e_s,
-                    status=a.status,
-                )
+            measured = Measurement(
+                phase=cell.phase,
+                concurrency=cell.concurrency,
+                seq=seq,
+                attempt=attempt,
+                model=self._endpoint.model,
+                start_unix_s=a.start_unix_s,
+                prompt_tokens_target=prompt_tokens,
+                prompt_tokens=a.prompt_tokens,
+                output_tokens_target=cell.output_tokens,
+                output_tokens=a.output_tokens,
+                ttft_s=a.ttft_s,
+                itl_mean_s=a.itl_mean_s,
+                itl_p50_s=a.itl_p50_s,
+                itl_p90_s=a.itl_p90_s,
+                itl_max_s=a.itl_max_s,
+                n_chunks=a.n_chunks,
+                e2e_s=a.e2e_s,
+                status=a.status,
             )
+            self._log.append(measured)
+            self._history.append(measured)  # what a later round of this cell finds done
             if a.status == "ok":
                 self._prompts.observe(prompt, a.prompt_tokens)
                 self.stats.completed += 1

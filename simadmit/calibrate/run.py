@@ -26,7 +26,14 @@ from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, obse
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
 from simadmit.calibrate.metrics import CacheConfig, MetricsSampler, parse_cache_config, scrape
 from simadmit.calibrate.overhead import OverheadMonitor
-from simadmit.calibrate.phases import Cell, Runner, RunnerSettings, aggregate_throughput, plan_cells
+from simadmit.calibrate.phases import (
+    Cell,
+    Runner,
+    RunnerSettings,
+    aggregate_throughput,
+    in_rounds,
+    plan_cells,
+)
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
 from simadmit.config.errors import InputError, problem
 from simadmit.config.profile import EngineLimits, Profile, profile_from_dict, save_profile, summary_figures
@@ -151,15 +158,17 @@ def _history(csv_path: Path, endpoint: Endpoint, server: str, console: Console) 
 
 
 def plan(cfg: CalibrationConfig, endpoint: Endpoint, cache: CacheConfig) -> list[Cell]:
-    """The cells this calibration runs (the same for a run and its resumption); no batch larger than the
-    server's `max_num_seqs`, which would queue the rest and time the queue as decode steps."""
-    return plan_cells(
-        endpoint.max_model_len,
-        cache.capacity_tokens,
-        min(cfg.max_concurrency, cfg.max_num_seqs),
-        cfg.budget_s,
-        cfg.max_num_batched_tokens,
-        cfg.workload_prompts,
+    """The cells this calibration runs, in rounds (the same for a run and its resumption); no batch larger
+    than the server's `max_num_seqs`, which would queue the rest and time the queue as decode steps."""
+    return in_rounds(
+        plan_cells(
+            endpoint.max_model_len,
+            cache.capacity_tokens,
+            min(cfg.max_concurrency, cfg.max_num_seqs),
+            cfg.budget_s,
+            cfg.max_num_batched_tokens,
+            cfg.workload_prompts,
+        )
     )
 
 
@@ -210,14 +219,15 @@ async def _run_with_progress(
         TimeRemainingColumn(),
         TextColumn("{task.fields[stalled]}", style="yellow"),
     )
-    todo = [(cell, *runner.remaining_s(cell)) for cell in cells]
+    whole = {cell.label: cell for cell in cells}  # each cell's last round: all it owes
     stalls = Stalls(stall_s)
     try:
         with Progress(*columns, console=console, refresh_per_second=2) as progress:
-            total_s = sum(t for _, t, _ in todo) or 1.0
+            total_s = sum(runner.remaining_s(cell)[0] for cell in whole.values()) or 1.0
             total = progress.add_task("calibration", total=total_s, requests=0, stalled="")
             base = 0.0
-            for cell, seconds, owed in todo:
+            for cell in cells:
+                seconds, owed = runner.remaining_s(cell)  # after the rounds before this one
                 if seconds <= 0 and owed <= 0:
                     continue
                 sampler.phase = cell.phase

@@ -298,8 +298,16 @@ def simulate_and_compare(
 def refit(out: Path) -> Path:
     """Fit the calibration measurements under `out` again with the current step model and fit, into
     OUT/profile-refit.yaml (the profile calibrated then is kept as it is)."""
-    profile = load_profile(out / "profile.yaml")
-    rows = read_measurements(out / "profile.measurements.csv")
+    note = "Refitted from profile.measurements.csv by benchmarks/fidelity.py --resimulate."
+    return fit_together(out / "profile.yaml", [out], out / "profile-refit.yaml", note)
+
+
+def fit_together(profile_path: Path, calibrations: list[Path], path: Path, note: str) -> Path:
+    """The profile at `profile_path` fitted anew, with the current step model and fit, on the measurements
+    of every calibration folder in `calibrations` together (one taken before a run and one after: the
+    machine's drift in between weighs on the fit as on the run); written to `path`."""
+    profile = load_profile(profile_path)
+    rows = [r for folder in calibrations for r in read_measurements(folder / "profile.measurements.csv")]
     obs, _ = observations(rows, profile.engine.max_num_batched_tokens)
     measured = profile.fit.get("ttft_offset_source") == "measured"  # then the latency stays as measured
     fit = fit_step_model(obs, ttft_offset_s=profile.api_latency_s if measured else None)
@@ -315,10 +323,7 @@ def refit(out: Path) -> Path:
         fit={**profile.fit, **fit.report()},
         warnings=tuple(fit_warnings(fit, obs)),
     )
-    path = out / "profile-refit.yaml"
-    save_profile(
-        refitted, path, "Refitted from profile.measurements.csv by benchmarks/fidelity.py --resimulate."
-    )
+    save_profile(refitted, path, note)
     return path
 
 

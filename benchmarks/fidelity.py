@@ -9,7 +9,9 @@ report. The repeats are the noise floor: the spread of the real system against i
 rounds, each replaying every point once, so a drift of the machine's speed over the hour (a lone request
 measured up to 20% faster late in a run than just after calibrating) shows as spread between every point's
 repeats rather than shifting the points run late against those run early; a speed probe before every
-replay records it.
+replay records it. A second calibration after the replays (`--no-calibrate-after` skips it) is fitted
+together with the first (OUT/profile-bracketed.yaml) and the points are simulated on that: a drift between
+calibrating and replaying then weighs on the model as it did on the real runs.
 
 Noise: the load client shares the machine with the server (the engine, scheduler and model worker, takes
 core 0 alone, `isolate_engine`; the API server, this process and what it starts core 1), and on a shared
@@ -130,6 +132,7 @@ def scenario(
     }
 
 
+MEASUREMENTS = "profile.measurements.csv"  # beside the profile.yaml `calibrate` writes
 CALIBRATED_CONCURRENCY = 64  # the batches this server runs at 150% load (56-68 sequences measured)
 
 
@@ -230,9 +233,10 @@ def replay_repeat(url: str, point: Point, k: int) -> None:
           f"{facts['kept_up']}, client CPU {facts['client']['cpu_share_of_one_core']:.0%}", flush=True)  # type: ignore[index]  # fmt: skip
 
 
-def finish_point(point: Point, repeats: int) -> pd.DataFrame:
-    """Simulate what the first repeat sent, compare against every repeat, draw the CDFs; the compare table."""
-    table = simulate_and_compare(point.out, repeats)
+def finish_point(point: Point, repeats: int, profile: Path | None = None) -> pd.DataFrame:
+    """Simulate what the first repeat sent (on `profile`, else the one it was planned on), compare against
+    every repeat, draw the CDFs; the compare table."""
+    table = simulate_and_compare(point.out, repeats, profile)
     write_cdfs(load_runs(point.out / "sim", None), real_runs(point.out, repeats), ["all"], 0.0, point.out)
     return table
 
@@ -296,18 +300,27 @@ def simulate_and_compare(
 
 
 def refit(out: Path) -> Path:
-    """Fit the calibration measurements under `out` again with the current step model and fit, into
-    OUT/profile-refit.yaml (the profile calibrated then is kept as it is)."""
-    note = "Refitted from profile.measurements.csv by benchmarks/fidelity.py --resimulate."
-    return fit_together(out / "profile.yaml", [out], out / "profile-refit.yaml", note)
+    """Fit the calibration measurements under `out` (and under OUT/after, if the run calibrated again after
+    its replays) anew with the current step model and fit, into OUT/profile-refit.yaml (the profiles
+    calibrated then are kept as they are)."""
+    measured = [m for m in (out / MEASUREMENTS, out / "after" / MEASUREMENTS) if m.exists()]
+    note = "Refitted from the run's calibration measurements by benchmarks/fidelity.py --resimulate."
+    return fit_together(out / "profile.yaml", measured, out / "profile-refit.yaml", note)
 
 
-def fit_together(profile_path: Path, calibrations: list[Path], path: Path, note: str) -> Path:
-    """The profile at `profile_path` fitted anew, with the current step model and fit, on the measurements
-    of every calibration folder in `calibrations` together (one taken before a run and one after: the
-    machine's drift in between weighs on the fit as on the run); written to `path`."""
+def bracketed(out: Path) -> Path:
+    """OUT/profile-bracketed.yaml: the calibrations under OUT (before the replays) and OUT/after, together."""
+    note = "The calibrations before (profile.yaml) and after (after/) the replays, fitted together."
+    measured = [out / MEASUREMENTS, out / "after" / MEASUREMENTS]
+    return fit_together(out / "profile.yaml", measured, out / "profile-bracketed.yaml", note)
+
+
+def fit_together(profile_path: Path, measurements: list[Path], path: Path, note: str) -> Path:
+    """The profile at `profile_path` fitted anew, with the current step model and fit, on the rows of every
+    measurements file together (a calibration taken before a run and one after: the machine's drift in
+    between weighs on the fit as on the run); written to `path`."""
     profile = load_profile(profile_path)
-    rows = [r for folder in calibrations for r in read_measurements(folder / "profile.measurements.csv")]
+    rows = [r for file in measurements for r in read_measurements(file)]
     obs, _ = observations(rows, profile.engine.max_num_batched_tokens)
     measured = profile.fit.get("ttft_offset_source") == "measured"  # then the latency stays as measured
     fit = fit_step_model(obs, ttft_offset_s=profile.api_latency_s if measured else None)
@@ -371,6 +384,8 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=20,
                     help="a point's runs last long enough for this many requests at its rate")  # fmt: skip
     ap.add_argument("--calibrate-budget", default="3m")
+    ap.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=True,
+                    help="calibrate again after the replays and simulate on both calibrations fitted together")  # fmt: skip
     ap.add_argument("--endpoint", help="use this running server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
@@ -418,9 +433,13 @@ def main() -> None:
                 (point.out / "real" / f"repeat-{k}" / "speed_probe.json").write_text(
                     json.dumps({"speed": speed}) + "\n"
                 )
+        simulated_on = profile
+        if args.calibrate_after and not args.profile:  # the drift since the first weighs on the model too
+            calibrate(url, args.out / "after", args.calibrate_budget)
+            simulated_on = bracketed(args.out)
         rows = []
         for arrival, load, point in points:
-            table = finish_point(point, args.repeats)
+            table = finish_point(point, args.repeats, simulated_on)
             n = len(pd.read_parquet(point.out / "sim" / "requests.parquet"))
             duration = point_duration(load * cap, args.duration, args.min_requests)
             rows.append(row(arrival, load, n / duration, table, n, probes[point.out]))
@@ -429,7 +448,7 @@ def main() -> None:
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {placement}; capacity {cap:.2f} req/s; {args.repeats} "
               f"repeats of {args.duration:.0f} s or as long as {args.min_requests} requests take at the point's rate; probe: a lone request's time before each replay of the point over its time "
-              f"after calibrating (range over the rounds); cells: sim / real mean (real range) error")  # fmt: skip
+              f"after calibrating (range over the rounds); simulated on {simulated_on.name}; cells: sim / real mean (real range) error")  # fmt: skip
     text = header + "\n\n" + markdown(results) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")

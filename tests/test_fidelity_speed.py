@@ -1,18 +1,22 @@
-"""The slowed simulation `benchmarks/fidelity_speed.py` runs (`benchmarks.fidelity.simulate_replayed`) to ask
-whether a fidelity miss is the machine's speed: its engines must take exactly the profile's step costs
-times the factor, while the simulated gateways keep predicting with the profile the live ones believed."""
+"""The machine's speed in the fidelity runs. The slowed simulation `benchmarks/fidelity_speed.py` runs
+(`benchmarks.fidelity.simulate_replayed`) to ask whether a fidelity miss is the machine's speed: its engines
+must take exactly the profile's step costs times the factor, while the simulated gateways keep predicting
+with the profile the live ones believed. Calibrations before and after a run, fitted together, must split
+a drift between them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from benchmarks.fidelity import simulate_replayed
+from benchmarks.fidelity import fit_together, simulate_replayed
 from benchmarks.gateway_fidelity import scenario
-from simadmit.config.profile import load_profile
+from simadmit.calibrate.measurements import MeasurementLog, read_measurements
+from simadmit.config.profile import Profile, load_profile, solo_service_s
 from tests.helpers import ROOT
 
 PROFILE = ROOT / "calibration" / "smollm2-135m-cpu.yaml"
@@ -44,3 +48,34 @@ def test_slowed_engines_take_the_factor_and_the_gateways_keep_their_beliefs(tmp_
     assert (engine_time >= 2.0 - 1e-6).all(), engine_time
     predicted = base["predicted_wait_s"].to_numpy(), slow["predicted_wait_s"].to_numpy()
     assert np.allclose(predicted[0][alone], predicted[1][alone], rtol=1e-9), predicted
+
+
+def test_calibrations_fitted_together_fall_between_each_alone(tmp_path: Path) -> None:
+    """`fit_together`, which the fidelity runs simulate on (a calibration before the replays and one after):
+    fitted with a copy of itself measured an hour later on a machine 20% slower throughout, a calibration
+    predicts a lone request and a full decode step between what each predicts alone, well inside (the
+    drift splits between them rather than one side taking the fit)."""
+    measured = ROOT / "calibration" / "smollm2-135m-cpu.measurements.csv"
+    slower = tmp_path / "slower.csv"
+    scaled = ("ttft_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_max_s", "e2e_s")
+    rows = read_measurements(measured)
+    t0 = rows[0].start_unix_s
+    with MeasurementLog(slower) as log:  # the whole timeline stretched: each request starts later too
+        for r in rows:
+            later = replace(r, start_unix_s=t0 + 3600 + 1.2 * (r.start_unix_s - t0))
+            log.append(replace(later, **{f: 1.2 * getattr(r, f) for f in scaled}))
+    fits = {
+        name: load_profile(fit_together(PROFILE, files, tmp_path / f"{name}.yaml", ""))
+        for name, files in (("alone", [measured]), ("slower", [slower]), ("together", [measured, slower]))
+    }
+
+    def predictions(p: Profile) -> np.ndarray:
+        budget = p.engine.max_num_batched_tokens
+        return np.array(
+            [solo_service_s(p.step_time, budget, 512, 16), p.step_time.step_time(0, 16, 16 * 160)]
+        )
+
+    alone, slow, together = (predictions(fits[k]) for k in ("alone", "slower", "together"))
+    assert (slow > 1.1 * alone).all(), (alone, slow)
+    share = (together - alone) / (slow - alone)
+    assert ((share > 0.2) & (share < 0.8)).all(), (alone, slow, together)

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from benchmarks.fidelity import (
+    MEASUREMENTS,
     calibrate,
     capacity,
     fit_together,
@@ -90,7 +91,8 @@ def test_reduced_fidelity_meets_the_target_at_two_loads(
             replay_repeat(vllm_server.url, point, k)
     after = calibrate(vllm_server.url, tmp_path / "after", CALIBRATION, max_concurrency=16)
     note = "The calibrations before and after the reduced fidelity run's replays, fitted together."
-    bracketed = fit_together(profile, [profile.parent, after.parent], tmp_path / "bracketed.yaml", note)
+    measured = [profile.parent / MEASUREMENTS, after.parent / MEASUREMENTS]
+    bracketed = fit_together(profile, measured, tmp_path / "bracketed.yaml", note)
     failures = []
     for load, point in zip(LOADS, points, strict=True):
         table = simulate_and_compare(point.out, REPEATS, bracketed)

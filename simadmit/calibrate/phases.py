@@ -12,8 +12,8 @@ short-prompt batches cannot tell apart from their size), steps where long prefil
 
 The cells after the warm-up run in rounds (`in_rounds`), each round taking every cell's share of its time:
 the speed of a shared machine drifts by 10-25% over minutes, and a phase measured in one stretch takes the
-speed of that stretch (a lone decode measured 14% slower than the same server's replays ran it an hour
-later), while rounds spread a drift over every phase.
+speed of that stretch (a lone decode step measured 37 ms in one calibration, 33 ms in the next calibration
+of the same server and in the replays after it), while rounds spread a drift over every phase.
 
 A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
 exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the

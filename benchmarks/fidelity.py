@@ -14,7 +14,7 @@ together with the first (OUT/profile-bracketed.yaml) and the points are simulate
 calibrating and replaying then weighs on the model as it did on the real runs.
 
 Noise: the load client shares the machine with the server (the engine, scheduler and model worker, takes
-core 0 alone, `isolate_engine`; the API server, this process and what it starts core 1), and on a shared
+core 0 alone, `isolate_engine`; this process and what it starts core 1), and on a shared
 machine other processes add their own noise: the load average is recorded before and after.
 Run it alone, under the lock every user of the server takes:
 
@@ -505,23 +505,27 @@ def engine_threads() -> tuple[list[str], list[int]]:
 
 
 def isolate_engine() -> str:
-    """Give vLLM's engine (`engine_threads`) core 0 to itself and put this process (and what it starts) on
-    core 1.
+    """Give vLLM's engine (`engine_threads`) the first core this process may use to itself and put this
+    process (and what it starts) on the others.
 
     On 2 cores the engine's steps are what is measured: a load client, API server or calibration sharing
     the worker's core slows every step (by 10-25% in one trial), and so does one sharing the scheduler's (a
     busy loop on the API server's core slowed a lone decode by 11% with the scheduler there, 5% with it
     beside the worker), so the placement is set here rather than left to how the server bound its threads.
     Every thread of those processes is moved. Returns what was done, for the results header."""
-    if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
+    if not hasattr(os, "sched_setaffinity"):
+        return "no core placement (not on this system)"
+    engine_core, *others = sorted(os.sched_getaffinity(0))  # a container may allow cores other than 0 and 1
+    if not others:
         return "no core placement (one core)"
     processes, threads = engine_threads()
     for tid in threads:
         with suppress(OSError):  # gone, or not ours to move
-            os.sched_setaffinity(tid, {0})
-    os.sched_setaffinity(0, {1})
+            os.sched_setaffinity(tid, {engine_core})
+    os.sched_setaffinity(0, set(others))
+    rest = f"core{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
     return (
-        f"vLLM engine {', '.join(processes)} alone on core 0, the rest on core 1"
+        f"vLLM engine {', '.join(processes)} alone on core {engine_core}, the rest on {rest}"
         if processes
         else "no local worker"
     )

@@ -303,16 +303,19 @@ def refit(out: Path) -> Path:
     """Fit the calibration measurements under `out` (and under OUT/after, if the run calibrated again after
     its replays) anew with the current step model and fit, into OUT/profile-refit.yaml (the profiles
     calibrated then are kept as they are)."""
-    measured = [m for m in (out / MEASUREMENTS, out / "after" / MEASUREMENTS) if m.exists()]
     note = "Refitted from the run's calibration measurements by benchmarks/fidelity.py --resimulate."
-    return fit_together(out / "profile.yaml", measured, out / "profile-refit.yaml", note)
+    return fit_together(out / "profile.yaml", calibrations(out), out / "profile-refit.yaml", note)
 
 
 def bracketed(out: Path) -> Path:
     """OUT/profile-bracketed.yaml: the calibrations under OUT (before the replays) and OUT/after, together."""
     note = "The calibrations before (profile.yaml) and after (after/) the replays, fitted together."
-    measured = [out / MEASUREMENTS, out / "after" / MEASUREMENTS]
-    return fit_together(out / "profile.yaml", measured, out / "profile-bracketed.yaml", note)
+    return fit_together(out / "profile.yaml", calibrations(out), out / "profile-bracketed.yaml", note)
+
+
+def calibrations(out: Path) -> list[Path]:
+    """The measurements files of a run under `out`: its calibration, and the one after its replays if taken."""
+    return [m for m in (out / MEASUREMENTS, out / "after" / MEASUREMENTS) if m.exists()]
 
 
 def fit_together(profile_path: Path, measurements: list[Path], path: Path, note: str) -> Path:

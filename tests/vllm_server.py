@@ -128,9 +128,9 @@ def vllm_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vl
 
 @pytest.fixture(scope="module", name="engine_alone")
 def engine_alone_fixture(vllm_server: VllmServer) -> Iterator[str]:
-    """For one module's tests, vLLM's engine alone on core 0 and the tests (and what they start) on core 1, as
-    the fidelity benchmarks run (`benchmarks/fidelity.py`, `isolate_engine`); the cores are shared again
-    after."""
+    """For one module's tests, vLLM's engine alone on the first core and the tests (and what they start) on
+    the others, as the fidelity benchmarks run (`benchmarks/fidelity.py`, `isolate_engine`); the cores are
+    shared again after."""
     from benchmarks.fidelity import engine_alone
 
     with engine_alone() as placement:

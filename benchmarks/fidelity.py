@@ -268,12 +268,14 @@ def simulate_replayed(
     repeat: int = 1,
     slower: float = 1.0,
     replications: int = 1,
+    engines: Path | None = None,
 ) -> None:
     """Simulate the request list a real repeat under `point` sent (the first by default; `replayed.yaml`; on
-    `profile` if given, else the one it names) into the run folder `into`; with `slower`, on engines whose
-    step costs are that many times the profile's while the gateways still believe the profile, as the live
-    ones did (`benchmarks/fidelity_speed.py`). `replications` > 1: that many draws of the clients' jitter on
-    the same arrivals (consecutive seeds), for a workload whose clients retry."""
+    `profile` if given, else the one it names) into the run folder `into`. The gateways always believe that
+    profile, as the live ones did; the engines run on `engines` if given (a profile fitted after the live
+    gateways were started, e.g. on calibrations before and after the replays), and with `slower` at that
+    many times its step costs (`benchmarks/fidelity_speed.py`). `replications` > 1: that many draws of the
+    clients' jitter on the same arrivals (consecutive seeds), for a workload whose clients retry."""
     replayed = point / "real" / f"repeat-{repeat}" / "replayed.yaml"
     doc = yaml.safe_load(replayed.read_text())
     if profile is not None:
@@ -281,19 +283,20 @@ def simulate_replayed(
             pool["profile"] = str(profile.resolve())
     spec, base = scenario_from_dict(doc, replayed), replayed.parent  # a replayed scenario has no variants
     world = build_world(spec, base)
+    ran = load_profile(engines) if engines is not None else None
     pools = tuple(
-        replace(p, profile=slowed(p.profile, slower), believed=p.gateway_profile) for p in world.pools
+        replace(p, profile=slowed(ran or p.profile, slower), believed=p.gateway_profile) for p in world.pools
     )
     result = run_scenario(spec, replace(world, pools=pools), replications=replications)
     write_folder(into, run_files(result, spec, base), {"command": "simulate", "partial": False})
 
 
 def simulate_and_compare(
-    out: Path, repeats: int, profile: Path | None = None, replications: int = 1
+    out: Path, repeats: int, profile: Path | None = None, replications: int = 1, engines: Path | None = None
 ) -> pd.DataFrame:
     """Simulate what the first real repeat under `out` sent into OUT/sim (`simulate_replayed`) and write the
     compare table of the simulation (its replications combined) against every repeat to OUT/compare.csv."""
-    simulate_replayed(out, out / "sim", profile, replications=replications)
+    simulate_replayed(out, out / "sim", profile, replications=replications, engines=engines)
     table = compare(load_runs(out / "sim", None), real_runs(out, repeats), 0.0)
     table.to_csv(out / "compare.csv", index=False)
     return table

@@ -15,6 +15,10 @@ same gateway replicas and poll interval over SIM_DRAWS draws of the clients' jit
 side by side: rejection rate and latencies of admitted requests. The live gateway's own latency (reading a
 request, proxying it there and back) is measured once on the idle server, lone requests through a gateway
 against straight to the server, and set as `gateway.latency_s` on both sides (`--gateway-latency` gives it).
+After the replays the server is calibrated again (`--no-calibrate-after` skips it) and the simulated engines
+run on both calibrations fitted together (OUT/profile-bracketed.yaml), while the simulated gateways believe
+the first, as the live ones did: a drift of the machine between calibrating and replaying then weighs on the
+simulated engines as it did on the real one, and the gateways' errors of belief stay what they were.
 
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
@@ -67,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import (  # noqa: E402
+    bracketed,
     calibrate,
     cpu_model,
     isolate_engine,
@@ -400,9 +405,10 @@ def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: fl
           f"{facts['kept_up']}; {budget}", flush=True)  # fmt: skip
 
 
-def finish_point(point: Planned, repeats: int) -> Point:
-    """Simulate what the first repeat sent, over SIM_DRAWS draws of the clients' jitter, and compare."""
-    simulate_and_compare(point.out, repeats, replications=SIM_DRAWS)
+def finish_point(point: Planned, repeats: int, engines: Path | None = None) -> Point:
+    """Simulate what the first repeat sent, over SIM_DRAWS draws of the clients' jitter, and compare; the
+    gateways believe the scenario's profile, as the live ones did, and the engines run on `engines` if given."""
+    simulate_and_compare(point.out, repeats, replications=SIM_DRAWS, engines=engines)
     return load_point(point.out)
 
 
@@ -498,6 +504,9 @@ def main() -> None:
     ap.add_argument("--endpoint", help="use this running vLLM server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--calibrate-budget", default="3m")
+    ap.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=True,
+                    help="calibrate again after the replays and run the simulated engines on both calibrations "
+                         "fitted together (the simulated gateways still believe the first, as the live ones did)")  # fmt: skip
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")
     ap.add_argument("--workload", type=Path, help="a scenario whose tiers replace the chat tier")
     ap.add_argument("--gateway-latency", type=float, help="the gateways' own latency in seconds instead of "
@@ -552,16 +561,20 @@ def main() -> None:
                     partial = point.out / "real" / f"repeat-{k}"
                     if partial.exists():  # kept for a look, out of the way of the repeats compared
                         partial.rename(partial.with_name(f"failed-repeat-{k}"))
+        engines = None
+        if args.calibrate_after and not args.profile:  # the drift since the first weighs on the engines too
+            calibrate(url, args.out / "after", args.calibrate_budget)
+            engines = bracketed(args.out)
         for policy, n, load, point in points:
             if done.get(point.out, 0) > 0:  # compared on the repeats it has
-                rows.append(row(policy, n, load, finish_point(point, done[point.out])))
+                rows.append(row(policy, n, load, finish_point(point, done[point.out], engines)))
                 print(rows[-1], flush=True)
     load_after = os.getloadavg()
     header = (f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; capacity {cap:.2f} req/s; gateway latency "
               f"{1e3 * latency:.1f} ms; {args.repeats} "
               f"repeats of {args.duration:.0f} s; probe: a lone request's time before each repeat over its time after "
-              f"calibrating; cells: sim / real mean (real range)")  # fmt: skip
+              f"calibrating; simulated engines on {(engines or profile).name}; cells: sim / real mean (real range)")  # fmt: skip
     text = header + "\n\n" + markdown(pd.DataFrame(rows)) + "\n"
     (args.out / "results.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps({"capacity_rps": cap, "rows": rows}, indent=2) + "\n")

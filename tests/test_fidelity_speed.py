@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from benchmarks.fidelity import fit_together, simulate_replayed
+from benchmarks.fidelity import fit_together, simulate_replayed, slowed
 from benchmarks.gateway_fidelity import scenario
 from simadmit.calibrate.measurements import MeasurementLog, read_measurements
-from simadmit.config.profile import Profile, load_profile, solo_service_s
+from simadmit.config.profile import Profile, load_profile, save_profile, solo_service_s
 from tests.helpers import ROOT
 
 PROFILE = ROOT / "calibration" / "smollm2-135m-cpu.yaml"
@@ -48,6 +48,25 @@ def test_slowed_engines_take_the_factor_and_the_gateways_keep_their_beliefs(tmp_
     assert (engine_time >= 2.0 - 1e-6).all(), engine_time
     predicted = base["predicted_wait_s"].to_numpy(), slow["predicted_wait_s"].to_numpy()
     assert np.allclose(predicted[0][alone], predicted[1][alone], rtol=1e-9), predicted
+
+
+def test_engines_run_on_another_profile_while_the_gateways_keep_the_first(tmp_path: Path) -> None:
+    """`engines` (what the gateway benchmark simulates its engines on: calibrations before and after the
+    replays, fitted together) changes the engines only: a profile file with every step cost doubled gives
+    the very run that `slower=2` gives, the gateways' predictions included, and not the run at the first."""
+    point = tmp_path / "point"
+    replayed = point / "real" / "repeat-1" / "replayed.yaml"
+    replayed.parent.mkdir(parents=True)
+    replayed.write_text(yaml.safe_dump(scenario(PROFILE, 0.05, 200.0, "predicted_ttft", 1)))
+    doubled = tmp_path / "doubled.yaml"
+    save_profile(slowed(load_profile(PROFILE), 2.0), doubled)
+    runs = {}
+    for name, kwargs in (("first", {}), ("engines", {"engines": doubled}), ("slower", {"slower": 2.0})):
+        simulate_replayed(point, tmp_path / name, **kwargs)  # type: ignore[arg-type]
+        runs[name] = pd.read_parquet(tmp_path / name / "requests.parquet")
+    assert len(runs["first"]) >= 5
+    pd.testing.assert_frame_equal(runs["engines"], runs["slower"])
+    assert (runs["engines"]["e2e_s"] > runs["first"]["e2e_s"]).all()
 
 
 def test_calibrations_fitted_together_fall_between_each_alone(tmp_path: Path) -> None:

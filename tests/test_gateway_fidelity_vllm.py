@@ -1,6 +1,8 @@
 """The admission layer's fidelity, reduced: `replay` through one live `simadmit gateway` process in front of
 the real vLLM CPU server, against `simulate` of the requests it sent (`benchmarks/gateway_fidelity.py` made
-small: a short calibration, the capacity from one burst, two loads, two 20-second repeats each).
+small: a short calibration, the capacity from one burst, two loads, two 20-second repeats each in rounds, a
+second short calibration, and the simulated engines on both calibrations fitted together while the simulated
+gateway believes the first, as the live one did).
 
 The target is a rejection rate within 2 points of the real one, plus the noise of the real side: a run of
 ~25-45 requests moves the rate by 2-4 points per request, so the allowance is the larger of the real repeats'
@@ -21,8 +23,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmarks.fidelity import calibrate
-from benchmarks.gateway_fidelity import BUDGET_LINE, capacity, run_point
+from benchmarks.fidelity import MEASUREMENTS, calibrate, fit_together
+from benchmarks.gateway_fidelity import (
+    BUDGET_LINE,
+    capacity,
+    finish_point,
+    prepare_point,
+    replay_repeat,
+    run_point,
+)
 from tests.fake_openai import fake_server
 from tests.vllm_server import VllmServer
 
@@ -89,11 +98,20 @@ def test_one_gateway_rejects_as_simulated_at_two_loads(
     vllm_server: VllmServer, profile: Path, tmp_path: Path
 ) -> None:
     cap = capacity(vllm_server.url, profile, tmp_path, requests=24)
+    planned = [
+        prepare_point(profile, "gpu_seconds", 1, load * cap, DURATION_S, tmp_path / f"{load}")
+        for load in LOADS
+    ]
+    for k in range(1, REPEATS + 1):  # in rounds, as the benchmark: a drift spreads over both loads
+        for plan in planned:
+            replay_repeat(vllm_server.url, profile, plan, k, None)
+    after = calibrate(vllm_server.url, tmp_path / "after", "90s", max_concurrency=16)
+    note = "The calibrations before and after the reduced gateway fidelity run's replays, fitted together."
+    measured = [profile.parent / MEASUREMENTS, after.parent / MEASUREMENTS]
+    engines = fit_together(profile, measured, tmp_path / "bracketed.yaml", note)
     misses = []
-    for load in LOADS:
-        point = run_point(
-            vllm_server.url, profile, "gpu_seconds", 1, load * cap, DURATION_S, REPEATS, tmp_path / f"{load}"
-        )
+    for load, plan in zip(LOADS, planned, strict=True):
+        point = finish_point(plan, REPEATS, engines)
         table = point.table
         r = table[(table["tier"] == "all") & (table["measure"] == "rejection_rate")].iloc[0]
         tolerance = 0.02 + allowance(r["real_mean"], r["real_max"] - r["real_min"], point.requests)

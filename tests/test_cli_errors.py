@@ -451,11 +451,21 @@ SIM_CASES = [
         fragment="p.yaml: step_time.per_decode_seq_s: Input should be a finite number",
     ),
     Case(
-        "profile-context-shorter-than-every-request",  # 100% "reject" in the table, why left unsaid
+        "profile-context-shorter-than-every-request",  # was a run of 100% "reject", nothing measured
         _set("pools.0.profile", "p.yaml"),
         files={"p.yaml": _profile(**{"engine.max_model_len": 50})},
+        fragment="scenario.yaml: workload.tiers.0: every request of tier 'interactive' is longer than its pool takes "
+        "(prompt + max_tokens at least 164 tokens; the pool's context or KV capacity holds 50)",
+    ),
+    Case(
+        "profile-context-shorter-than-some-requests",  # a run, its rejections explained
+        _both(
+            _set("pools.0.profile", "p.yaml"),
+            _set("workload.tiers.0.prompt_tokens", {"kind": "empirical", "values": [50, 150]}),
+        ),
+        files={"p.yaml": _profile(**{"engine.max_model_len": 200})},
         code=0,
-        fragment="answered 400 and counted as rejected: interactive 17",
+        fragment="answered 400 and counted as rejected: interactive",
     ),
     Case(
         "profile-overhead-huge",

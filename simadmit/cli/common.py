@@ -93,8 +93,9 @@ def preflight(spec: ScenarioSpec, base: Path, source: Path, seed: int | None = N
     specs = [variant_spec(spec, v) for v in spec.variants] or [spec]
     notes: list[str] = []
     for s in specs:
-        build_world(s, base)  # reads the profiles
-        notes += [n for n in check_workload(s, source, seed) if n not in notes]
+        world = build_world(s, base)  # reads the profiles
+        limits = [world.pools[p].max_request_tokens for p in world.pool_of_tier]
+        notes += [n for n in check_workload(s, source, seed, limits) if n not in notes]
     return notes
 
 

@@ -8,6 +8,7 @@ minutes in. Rows skipped under `on_error: skip` are reported back as notes, with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from simadmit.config.workload_schema import (
     WorkloadSpec,
 )
 from simadmit.workload import arrivals, traffic
-from simadmit.workload.build import generate
+from simadmit.workload.build import Workload, generate
 
 MAX_REQUESTS = 5_000_000  # per workload: every request of a run is held in memory
 MAX_PERIODIC_EVENTS = 10_000_000  # gateway polls or autoscaler syncs in one run: each costs simulator time
@@ -142,13 +143,43 @@ def _unused_by_a_trace(spec: ScenarioSpec) -> list[str]:
     ]
 
 
+def _never_served(
+    workload: Workload, limits: Sequence[int], spec: WorkloadSpec, source: str | Path | None
+) -> list[str]:
+    """A tier none of whose requests its pool takes (prompt + max_tokens beyond `limits[tier]`, the context
+    or KV capacity): vLLM would answer every one with 400, a run that measures nothing of that tier. A tier
+    only some of whose requests are too long is a run like any other (the summary notes them)."""
+    out = []
+    for i, name in enumerate(workload.tier_names):
+        mine = workload.tier == i
+        if not mine.any():
+            continue
+        least = int((workload.prompt[mine] + workload.max_tokens[mine]).min())
+        if least > limits[i]:
+            field = "workload.trace" if spec.trace is not None else f"workload.tiers.{i}"
+            out.append(
+                problem(
+                    source,
+                    field,
+                    f"every request of tier '{name}' is longer than its pool takes (prompt + max_tokens at least "
+                    f"{least:,} tokens; the pool's context or KV capacity holds {limits[i]:,}): each would be "
+                    "answered 400; shorten the prompts or max_tokens, or give a profile with a longer context",
+                )
+            )
+    return out
+
+
 def check_workload(
-    spec: ScenarioSpec, source: str | Path | None = None, seed: int | None = None
+    spec: ScenarioSpec,
+    source: str | Path | None = None,
+    seed: int | None = None,
+    request_limits: Sequence[int] | None = None,
 ) -> list[str]:
     """Raise `InputError` for what would break the run; return notes for the user (skipped trace rows).
 
     Reads every trace the workload names and draws the first replication's requests (traces are cached,
-    so the run reads them only once).
+    so the run reads them only once). `request_limits`, per tier, the longest request (prompt + max_tokens)
+    its pool takes: a tier none of whose requests fits is refused.
     """
     size = _size_problem(spec.workload, len(spec.policies), source)
     if size:
@@ -175,6 +206,9 @@ def check_workload(
         ) from None
     if len(workload) == 0:
         raise InputError([problem(source, "workload", "no request arrives in this workload")])
+    never = _never_served(workload, request_limits, spec.workload, source) if request_limits else []
+    if never:
+        raise InputError(never)
     if not (workload.arrival >= spec.workload.warmup_s).any():
         last = float(workload.arrival.max())
         raise InputError(

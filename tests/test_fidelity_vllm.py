@@ -2,7 +2,7 @@
 and a reduced fidelity run meets the target at two load points, within the noise of its own repeats.
 
 The reduced run is the benchmark (`benchmarks/fidelity.py`) made small: a short calibration, the capacity
-from one burst, then at 30% and 90% of capacity three 20-second repeats of one Poisson request list, a
+from one burst, then at 30% and 90% of capacity three 40-second repeats of one Poisson request list, a
 second short calibration, and a simulation of what the first repeat sent on both calibrations fitted
 together. The target (E2E mean and p99 within 10%, TTFT mean within 15%, TTFT p99 within 20% of the real
 mean, or inside the real repeats' range when they spread wider than that) is judged on all requests.
@@ -41,6 +41,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 LOADS = (0.3, 0.9)
 REPEATS = 3
+# 20 s drew 5 requests at 30% and 23 at 90%. In one run two requests at 90% finished just before a burst of
+# long prompts in the simulation and behind it in reality (2-4 s later, in every real repeat): 4 points of an
+# E2E mean 11% short. Over more requests such a turn weighs less.
+DURATION_S = 40.0
 CALIBRATION = "90s"
 
 
@@ -92,9 +96,11 @@ def test_reduced_fidelity_meets_the_target_at_two_loads(
     vllm_server: VllmServer, profile: Path, tmp_path: Path
 ) -> None:
     cap = capacity(vllm_server.url, profile, tmp_path, requests=24)
-    points = [prepare_point(profile, load * cap, "poisson", 20.0, tmp_path / f"p{load}", 1) for load in LOADS]
-    for point in points:
-        for k in range(1, REPEATS + 1):
+    points = [
+        prepare_point(profile, load * cap, "poisson", DURATION_S, tmp_path / f"p{load}", 1) for load in LOADS
+    ]
+    for k in range(1, REPEATS + 1):  # in rounds, as the benchmark: a drift spreads over both loads
+        for point in points:
             replay_repeat(vllm_server.url, point, k)
     after = calibrate(vllm_server.url, tmp_path / "after", CALIBRATION, max_concurrency=16)
     note = "The calibrations before and after the reduced fidelity run's replays, fitted together."

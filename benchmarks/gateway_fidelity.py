@@ -15,10 +15,12 @@ same gateway replicas and poll interval over SIM_DRAWS draws of the clients' jit
 side by side: rejection rate and latencies of admitted requests. The live gateway's own latency (reading a
 request, proxying it there and back) is measured once on the idle server, lone requests through a gateway
 against straight to the server, and set as `gateway.latency_s` on both sides (`--gateway-latency` gives it).
-After the replays the server is calibrated again (`--no-calibrate-after` skips it) and the simulated engines
-run on both calibrations fitted together (OUT/profile-bracketed.yaml), while the simulated gateways believe
-the first, as the live ones did: a drift of the machine between calibrating and replaying then weighs on the
-simulated engines as it did on the real one, and the gateways' errors of belief stay what they were.
+With `--calibrate-after` the server is calibrated again after the replays and the simulated engines run on
+both calibrations fitted together (OUT/profile-bracketed.yaml), while the simulated gateways believe the
+first, as the live ones did: a drift of the machine between calibrating and replaying then weighs on the
+simulated engines as it did on the real one, and the gateways' errors of belief stay what they were (off by
+default, as in `benchmarks/fidelity.py`: a second calibration right after the replays has read the engine
+slower than the replays ran).
 
 Beside `compare`, the pool budget: the admitted in-flight GPU-seconds (each admitted attempt charged its
 estimate from its send to its last byte in reality, from admission to finish in the simulation) against the
@@ -504,7 +506,7 @@ def main() -> None:
     ap.add_argument("--endpoint", help="use this running vLLM server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--calibrate-budget", default="3m")
-    ap.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=False,
                     help="calibrate again after the replays and run the simulated engines on both calibrations "
                          "fitted together (the simulated gateways still believe the first, as the live ones did)")  # fmt: skip
     ap.add_argument("--capacity", type=float, help="use this capacity (req/s) instead of measuring it")

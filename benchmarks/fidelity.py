@@ -13,7 +13,7 @@ replay records it. With `--calibrate-after` the server is calibrated again after
 points are simulated on both calibrations fitted together (OUT/profile-bracketed.yaml), so a drift between
 calibrating and replaying weighs on the model as on the real runs. It is off by default: a calibration right
 after an hour of replays read the engine up to 8% slower per prompt token than the one before, while the
-probe between the replays stayed within 1.00-1.09 of it, and the points simulated on the two together met
+probe between the replays stayed within 0.97-1.09 of it (but in one disturbed repeat), and the points simulated on the two together met
 the target at fewer points (5 of 10) than on the first alone (7 of 10).
 
 Noise: the load client shares the machine with the server (the engine, scheduler and model worker, takes

@@ -52,8 +52,9 @@ def test_slowed_engines_take_the_factor_and_the_gateways_keep_their_beliefs(tmp_
 
 def test_engines_run_on_another_profile_while_the_gateways_keep_the_first(tmp_path: Path) -> None:
     """`engines` (what the gateway benchmark simulates its engines on with `--calibrate-after`: calibrations
-    before and after the replays, fitted together) changes the engines only: a profile file with every step cost doubled gives
-    the very run that `slower=2` gives, the gateways' predictions included, and not the run at the first."""
+    before and after the replays, fitted together) changes the engines only: a profile file with every step
+    cost doubled gives the very run that `slower=2` gives, the gateways' predictions included, and not the
+    run at the first."""
     point = tmp_path / "point"
     replayed = point / "real" / "repeat-1" / "replayed.yaml"
     replayed.parent.mkdir(parents=True)

@@ -393,6 +393,8 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=20,
                     help="a point's runs last long enough for this many requests at its rate")  # fmt: skip
     ap.add_argument("--calibrate-budget", default="3m")
+    ap.add_argument("--calibrate-concurrency", type=int, default=CALIBRATED_CONCURRENCY,
+                    help="largest decode batch the calibration measures")  # fmt: skip
     ap.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=False,
                     help="calibrate again after the replays and simulate on both calibrations fitted together")  # fmt: skip
     ap.add_argument("--endpoint", help="use this running server instead of starting one")
@@ -418,7 +420,7 @@ def main() -> None:
         url = args.endpoint or stack.enter_context(start_server(args.out))
         placement = isolate_engine()  # after the server started; what this process starts inherits it
         print(placement, flush=True)
-        profile = args.profile or calibrate(url, args.out, args.calibrate_budget)
+        profile = args.profile or calibrate(url, args.out, args.calibrate_budget, args.calibrate_concurrency)
         cap = args.capacity or capacity(url, profile, args.out, tiers=tiers)
         print(f"capacity: {cap:.2f} requests/s", flush=True)
         reference = speed_probe(url, profile, args.out)
@@ -444,7 +446,7 @@ def main() -> None:
                 )
         simulated_on = profile
         if args.calibrate_after and not args.profile:  # the drift since the first weighs on the model too
-            calibrate(url, args.out / "after", args.calibrate_budget)
+            calibrate(url, args.out / "after", args.calibrate_budget, args.calibrate_concurrency)
             simulated_on = bracketed(args.out)
         rows = []
         for arrival, load, point in points:

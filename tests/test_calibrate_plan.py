@@ -162,8 +162,8 @@ def test_no_batch_larger_than_the_servers_max_num_seqs() -> None:
 
 def test_the_plan_runs_in_rounds() -> None:
     """After the warm-up every cell runs ROUNDS times in the plan's order, round k owing k/ROUNDS of the
-    cell's time and requests, the last round all of it: a drift of the machine during the calibration falls
-    on every phase."""
+    cell's time and requests and at least k full batches, the last round all of it: a drift of the machine
+    during the calibration falls on every phase, the largest batch's included."""
     cells = plan_cells(2048, 93184, 16, 600, token_budget=2048)
     run = in_rounds(cells)
     rest = cells[1:]
@@ -175,5 +175,8 @@ def test_the_plan_runs_in_rounds() -> None:
         ]
         for c, whole in zip(block, rest, strict=True):
             assert c.budget_s == pytest.approx(whole.budget_s * k / ROUNDS)
-            assert whole.min_requests * k / ROUNDS <= c.min_requests <= whole.min_requests
-    assert run[-len(rest) :] == rest
+            assert c.min_requests >= max(whole.min_requests * k / ROUNDS, k * c.concurrency)
+    assert run[-len(rest) :] == [
+        replace(c, min_requests=max(c.min_requests, ROUNDS * c.concurrency)) for c in rest
+    ]
+    assert any(c.min_requests < ROUNDS * c.concurrency for c in rest)  # a batch per round adds to those

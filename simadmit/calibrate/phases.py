@@ -13,7 +13,10 @@ short-prompt batches cannot tell apart from their size), steps where long prefil
 The cells after the warm-up run in rounds (`in_rounds`), each round taking every cell's share of its time:
 the speed of a shared machine drifts by 10-25% over minutes, and a phase measured in one stretch takes the
 speed of that stretch (a lone decode step measured 37 ms in one calibration, 33 ms in the next calibration
-of the same server and in the replays after it), while rounds spread a drift over every phase.
+of the same server and in the replays after it), while rounds spread a drift over every phase. Every round
+holds at least one full batch of every cell: a large batch's requests last longer than its share of a short
+budget, and a cell that ran once would take one stretch's speed after all (a decode batch of 16 measured 63
+and 72 ms in the two rounds of one calibration, 53-59 ms in two calibrations after it).
 
 A cell at concurrency c runs c workers, each sending its next request as soon as the previous one ends, so
 exactly c requests are in flight (a closed loop) until the cell's time is up; retries happen inside the
@@ -165,13 +168,17 @@ def plan_cells(
 
 def in_rounds(cells: list[Cell], rounds: int = ROUNDS) -> list[Cell]:
     """The plan as it runs: the warm-up, then every other cell `rounds` times, in order. A round's cell holds
-    what the cell owes by the end of that round (k/rounds of its time and of its minimum requests), so the
-    runner, which subtracts what is already measured, gives each round its share, and a resumed run picks
-    up where it stopped."""
+    what the cell owes by the end of that round (k/rounds of its time and of its minimum requests, and at
+    least k full batches), so the runner, which subtracts what is already measured, gives each round its
+    share, and a resumed run picks up where it stopped."""
     warmup = [c for c in cells if c.phase == "warmup"]
     rest = [c for c in cells if c.phase != "warmup"]
     return warmup + [
-        replace(c, budget_s=c.budget_s * k / rounds, min_requests=math.ceil(c.min_requests * k / rounds))
+        replace(
+            c,
+            budget_s=c.budget_s * k / rounds,
+            min_requests=max(math.ceil(c.min_requests * k / rounds), k * c.concurrency),
+        )
         for k in range(1, rounds + 1)
         for c in rest
     ]

@@ -126,3 +126,4 @@ def test_rounds_share_each_cell_s_time(tmp_path: Path) -> None:
     # the second round ran its 0.4 s again)
     assert 0.2 < spent <= 0.4 + longest, (spent, longest)
     assert len(first_round) < len(rows)
+    assert {r.round for r in first_round} == {1} and rows[-1].round == 2  # each row names its round

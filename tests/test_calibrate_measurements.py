@@ -94,3 +94,18 @@ def test_an_ok_row_without_its_times_is_an_input_error(tmp_path: Path, field: st
         log.append(replace(ROW, seq=1, **{field: value}))
     with pytest.raises(InputError, match=f"data row 2: an ok measurement with {field} .*, not a time"):
         read_measurements(path)
+
+
+def test_a_file_from_before_the_later_columns_reads_and_resumes_without_them(tmp_path: Path) -> None:
+    """A file written before `server` and `round` existed reads them as "" and 0 (unrecorded), and a resumed
+    run appends rows with the file's own columns, so it stays one table."""
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(replace(ROW, round=2))
+    header, row = path.read_text().splitlines()
+    assert header.endswith(",server,round")
+    path.write_text(header.removesuffix(",server,round") + "\n" + row.removesuffix(",,2") + "\n")
+    assert read_measurements(path) == [ROW]
+    with MeasurementLog(path, server="s") as log:
+        log.append(replace(ROW, seq=1, round=1))
+    assert read_measurements(path) == [ROW, replace(ROW, seq=1)]

@@ -177,6 +177,6 @@ def test_the_plan_runs_in_rounds() -> None:
             assert c.budget_s == pytest.approx(whole.budget_s * k / ROUNDS)
             assert c.min_requests >= max(whole.min_requests * k / ROUNDS, k * c.concurrency)
     assert run[-len(rest) :] == [
-        replace(c, min_requests=max(c.min_requests, ROUNDS * c.concurrency)) for c in rest
+        replace(c, min_requests=max(c.min_requests, ROUNDS * c.concurrency), round=ROUNDS) for c in rest
     ]
     assert any(c.min_requests < ROUNDS * c.concurrency for c in rest)  # a batch per round adds to those

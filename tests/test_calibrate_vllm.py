@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simadmit.calibrate.client import Attempt, discover, stream_completion, tokenize
+from simadmit.calibrate.drift import DRIFT_WARNING, round_drift
 from simadmit.calibrate.fit import FitThresholds, decode_step_s, observations
 from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
@@ -156,6 +157,12 @@ def test_profile_reports_its_fit(calibrated: Calibrated) -> None:
     assert 0 < fit["r2"] <= 1 and abs(fit["r2"] - r2) < 2e-3, (fit["r2"], r2)  # type: ignore[operator]
     assert ("poor fit: R^2" in calibrated.resumed.stdout) == (r2 < FitThresholds().min_r2)
     assert "R^2" in calibrated.resumed.stdout and "client overhead" in calibrated.resumed.stdout
+    # how far each phase moved between the rounds, as the CSV's rows say, warned of exactly above the limit
+    drift = round_drift(read_measurements(calibrated.csv_path))
+    assert "decode" in drift  # every decode block holds a full batch in each round
+    assert fit["drift_between_rounds"] == {phase: d.report() for phase, d in drift.items()}
+    unsteady = [phase for phase, d in drift.items() if abs(d.median) > DRIFT_WARNING]
+    assert [w.split()[2] for w in p.warnings if w.startswith("unsteady machine")] == unsteady
     # the latency outside the engine, read off vLLM's own clocks (7-9 ms measured on a quiet 2-core VM)
     assert fit["ttft_offset_source"] == "measured" and 0 < p.api_latency_s < 0.1, p.api_latency_s
 

@@ -44,6 +44,7 @@ class Measurement:
     e2e_s: float
     status: str  # "ok", or the fault: "timeout", "http_503", "dropped", "connect"...
     server: str = ""  # the server and configuration measured (`run.server_identity`); "" in older files
+    round: int = 0  # the plan's round it ran in (`phases.in_rounds`); 0 for the warm-up and in older files
 
     @property
     def ok(self) -> bool:
@@ -51,7 +52,7 @@ class Measurement:
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
-OPTIONAL = {"server": ""}  # columns files written before them lack: read as this
+OPTIONAL = {"server": "", "round": 0}  # columns files written before them lack: read as this
 TIMED = ("start_unix_s", "ttft_s", "e2e_s")  # what every ok request has measured: finite, 0 or more
 _TYPES = {f.name: f.type for f in fields(Measurement)}
 

@@ -66,6 +66,7 @@ class Cell:
     output_tokens: int
     budget_s: float
     min_requests: int
+    round: int = 0  # its round in the plan as it runs (`in_rounds`); 0 for the warm-up
 
     @property
     def label(self) -> str:
@@ -178,6 +179,7 @@ def in_rounds(cells: list[Cell], rounds: int = ROUNDS) -> list[Cell]:
             c,
             budget_s=c.budget_s * k / rounds,
             min_requests=max(math.ceil(c.min_requests * k / rounds), k * c.concurrency),
+            round=k,
         )
         for k in range(1, rounds + 1)
         for c in rest
@@ -296,6 +298,7 @@ class Runner:
                 n_chunks=a.n_chunks,
                 e2e_s=a.e2e_s,
                 status=a.status,
+                round=cell.round,
             )
             self._log.append(measured)
             self._history.append(measured)  # what a later round of this cell finds done

@@ -73,6 +73,15 @@ def print_calibration(result: Calibration, console: Console) -> None:
         f"alone, attention included), decode {p.decode_tokens_per_gpu_s:g} tok/s at full batch; "
         f"KV capacity {p.kv_capacity_tokens} tokens"
     )
+    drift = p.fit.get("drift_between_rounds", {})
+    assert isinstance(drift, dict)
+    if drift:
+        moved = ", ".join(
+            f"{phase} {d['median']:+.1%} (max |.| {d['max_abs']:.1%})" for phase, d in drift.items()
+        )
+        console.print(
+            f"the machine between rounds (each cell's last round / first - 1, median over cells): {moved}"
+        )
     faults = ", ".join(f"{k} {v}" for k, v in sorted(result.faults.items())) or "none"
     console.print(f"faults retried: {faults}; requests given up: {result.gave_up}")
     o = result.client_overhead

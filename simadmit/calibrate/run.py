@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from simadmit.calibrate.api_latency import measure_api_latency
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
 from simadmit.calibrate.deadline import Stalls, stall_after_s
+from simadmit.calibrate.drift import drift_warnings, round_drift
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
 from simadmit.calibrate.metrics import CacheConfig, MetricsSampler, parse_cache_config, scrape
@@ -347,12 +348,14 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     if not obs:
         raise InputError([problem(csv_path, None, "no successful measurements to fit")])
     fit = fit_step_model(obs, ttft_offset_s=latency)
-    warnings = fit_warnings(fit, obs)
+    drift = round_drift(rows)
+    warnings = fit_warnings(fit, obs) + drift_warnings(drift)
     cells = plan(cfg, endpoint, cache)
     faults = dict(runner.stats.faults)
     extra: dict[str, object] = {
         "ttft_offset_source": "measured" if latency is not None else "fitted",
         "discarded_as_burst_delivery": discarded,
+        "drift_between_rounds": {phase: d.report() for phase, d in drift.items()},
         "measured": _measured_figures(rows, cells, cfg.gpus),
         "server_metrics": sampler.summary(),
         "metrics_polls_failed": sampler.failed_polls,

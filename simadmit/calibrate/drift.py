@@ -1,0 +1,65 @@
+"""How far the machine's speed moved during a calibration: each cell measured in two rounds, against itself.
+
+A cell's requests are alike, so what the fit reads from them (a prefill's TTFT, a decode window's inter-token
+time) should not change from one round to the next; where the median does, the machine's speed did, and the
+profile carries the average of the two speeds. A phase whose cells moved by more than `DRIFT_WARNING` (the
+median over its cells) makes the profile warn: the replays it predicts may run at either speed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simadmit.calibrate.measurements import Measurement
+
+DRIFT_WARNING = 0.10  # a tenth: the size of the targets a profile is judged by
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseDrift:
+    """Last round over first round - 1, per cell of a phase measured in both: the median and the largest."""
+
+    cells: int
+    median: float
+    max_abs: float
+
+    def report(self) -> dict[str, object]:
+        return {"cells": self.cells, "median": round(self.median, 4), "max_abs": round(self.max_abs, 4)}
+
+
+def _reading(row: Measurement) -> float | None:
+    """What the fit reads from a request: a prefill's TTFT, any other's inter-token time (None: neither)."""
+    if row.phase == "prefill":
+        return row.ttft_s if row.ttft_s > 0 else None
+    return row.itl_mean_s if row.output_tokens > 2 and row.itl_mean_s > 0 else None
+
+
+def round_drift(rows: Sequence[Measurement]) -> dict[str, PhaseDrift]:
+    """Per phase, how each cell's median reading moved from its first round to its last (round 0, the warm-up
+    and files written before rounds were recorded, is left out)."""
+    readings: dict[tuple[str, int, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.ok and r.round > 0 and (value := _reading(r)) is not None:
+            readings[(r.phase, r.concurrency, r.prompt_tokens_target)][r.round].append(value)
+    moves: dict[str, list[float]] = defaultdict(list)
+    for (phase, _, _), by_round in readings.items():
+        if len(by_round) > 1:
+            first, last = by_round[min(by_round)], by_round[max(by_round)]
+            moves[phase].append(float(np.median(last) / np.median(first)) - 1.0)
+    return {
+        phase: PhaseDrift(len(m), float(np.median(m)), float(np.max(np.abs(m)))) for phase, m in moves.items()
+    }
+
+
+def drift_warnings(drift: dict[str, PhaseDrift], limit: float = DRIFT_WARNING) -> list[str]:
+    """A warning per phase whose cells moved by more than `limit` between rounds (median over its cells)."""
+    return [
+        f"unsteady machine: {phase} cells measured {d.median:+.0%} between the calibration's rounds (median "
+        f"over {d.cells}); the profile holds their average: calibrate again when the machine is quiet"
+        for phase, d in drift.items()
+        if abs(d.median) > limit
+    ]

@@ -1,0 +1,54 @@
+"""The machine's drift during a calibration, read from each cell measured in both rounds."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from simadmit.calibrate.drift import DRIFT_WARNING, drift_warnings, round_drift
+from simadmit.calibrate.measurements import Measurement
+
+ROW = Measurement(
+    phase="decode", concurrency=8, seq=0, attempt=1, model="m", start_unix_s=1.7e9, prompt_tokens_target=128,
+    prompt_tokens=128, output_tokens_target=64, output_tokens=64, ttft_s=0.25, itl_mean_s=0.04, itl_p50_s=0.04,
+    itl_p90_s=0.05, itl_max_s=0.1, n_chunks=64, e2e_s=2.8, status="ok",
+)  # fmt: skip
+
+
+def cell(
+    phase: str, concurrency: int, prompt: int, value: float, rounds: dict[int, float]
+) -> list[Measurement]:
+    """Five requests per round of one cell, its reading `value` times the round's speed factor, +-2% noise."""
+    rng = random.Random(concurrency * 1000 + prompt)
+    rows = []
+    for k, factor in rounds.items():
+        for seq in range(5):
+            v = value * factor * rng.uniform(0.98, 1.02)
+            rows.append(replace(ROW, phase=phase, concurrency=concurrency, prompt_tokens_target=prompt,
+                                seq=seq, round=k, ttft_s=v, itl_mean_s=v))  # fmt: skip
+    return rows
+
+
+def test_a_phase_that_slowed_between_rounds_is_told_and_warned_of() -> None:
+    """Decode cells 20% slower in round 2, prefill cells steady: decode's drift reads +20% within the rows'
+    noise (medians of five draws within +-2%, so within 4% of the factor) and warns; prefill's reads ~0."""
+    rows = [r for c in (1, 4, 16) for r in cell("decode", c, 128, 0.03 * c, {1: 1.0, 2: 1.2})]
+    rows += [r for p in (64, 512, 2048) for r in cell("prefill", 1, p, p / 1000, {1: 1.0, 2: 1.0})]
+    drift = round_drift(rows)
+    assert drift["decode"].cells == 3 and drift["decode"].median == pytest.approx(0.2, abs=0.05)
+    assert abs(drift["prefill"].median) < 0.05
+    (warning,) = drift_warnings(drift)
+    assert warning.startswith("unsteady machine: decode cells measured +")
+
+
+def test_only_cells_measured_in_two_rounds_count() -> None:
+    """The warm-up and rows of files older than rounds (round 0), a cell in one round only and failed rows
+    say nothing about drift; a steady machine raises no warning."""
+    rows = cell("decode", 4, 128, 0.05, {0: 1.0, 1: 2.0})  # round 0 against round 1: not compared
+    rows += cell("context", 2, 1536, 0.05, {1: 1.0})
+    rows += [replace(r, status="timeout") for r in cell("mixed", 2, 1024, 0.05, {1: 1.0, 2: 3.0})]
+    assert round_drift(rows) == {}
+    steady = cell("decode", 4, 128, 0.05, {1: 1.0, 2: 1.0 + DRIFT_WARNING / 2})
+    assert drift_warnings(round_drift(steady)) == []

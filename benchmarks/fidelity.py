@@ -142,7 +142,8 @@ CALIBRATED_CONCURRENCY = 64  # the batches this server runs at 150% load (56-68 
 def calibrate(url: str, out: Path, budget: str, max_concurrency: int = CALIBRATED_CONCURRENCY) -> Path:
     """`simadmit calibrate` on the running server, with the server's batch limits, measuring decode batches
     as large as the loads replayed reach (`max_concurrency`), so the step cost there is measured rather
-    than extrapolated. On this CPU a saturated round of 64 takes about 75 s: give it a budget of 3 minutes."""
+    than extrapolated. On this CPU a saturated batch of 64 takes about 75 s and each of the two rounds holds
+    one, so a budget of 3 minutes runs about 6.5."""
     from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
     profile = out / "profile.yaml"

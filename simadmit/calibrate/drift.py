@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simadmit.calibrate.fit import reading
 from simadmit.calibrate.measurements import Measurement
 
 DRIFT_WARNING = 0.10  # a tenth: the size of the targets a profile is judged by
@@ -31,19 +32,12 @@ class PhaseDrift:
         return {"cells": self.cells, "median": round(self.median, 4), "max_abs": round(self.max_abs, 4)}
 
 
-def _reading(row: Measurement) -> float | None:
-    """What the fit reads from a request: a prefill's TTFT, any other's inter-token time (None: neither)."""
-    if row.phase == "prefill":
-        return row.ttft_s if row.ttft_s > 0 else None
-    return row.itl_mean_s if row.output_tokens > 2 and row.itl_mean_s > 0 else None
-
-
 def round_drift(rows: Sequence[Measurement]) -> dict[str, PhaseDrift]:
     """Per phase, how each cell's median reading moved from its first round to its last (round 0, the warm-up
     and files written before rounds were recorded, is left out)."""
     readings: dict[tuple[str, int, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r.ok and r.round > 0 and (value := _reading(r)) is not None:
+        if r.ok and r.round > 0 and (value := reading(r)) is not None:
             readings[(r.phase, r.concurrency, r.prompt_tokens_target)][r.round].append(value)
     moves: dict[str, list[float]] = defaultdict(list)
     for (phase, _, _), by_round in readings.items():

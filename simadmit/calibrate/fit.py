@@ -192,8 +192,8 @@ def observations(
             np.cumsum([ttft_observation(ok[i].prompt_tokens, token_budget).attention_pairs for i in order]),
         )
     )
-    prefill = [r for r in ok if r.phase == "prefill" and r.ttft_s > 0]
-    decode = [r for r in ok if r.phase in FITTED_PHASES[1:] and r.output_tokens > 2 and r.itl_mean_s > 0]
+    prefill = [r for r in ok if r.phase == "prefill" and reading(r) is not None]
+    decode = [r for r in ok if r.phase != "prefill" and reading(r) is not None]
     kept_prefill = _typical(prefill, lambda r: r.ttft_s, band)
     kept_decode = _typical(decode, lambda r: r.itl_mean_s, band)
     out = [
@@ -223,6 +223,15 @@ def observations(
         out.append(replace(o, held_out=held_out(r)))
     discarded = len(prefill) + len(decode) - len(out)
     return out, discarded
+
+
+def reading(row: Measurement) -> float | None:
+    """What the fit reads from a request: a prefill-sweep TTFT, a decode window's mean inter-token time (None:
+    a row it does not use)."""
+    if row.phase == "prefill":
+        return row.ttft_s if row.ttft_s > 0 else None
+    fitted = row.phase in FITTED_PHASES[1:] and row.output_tokens > 2 and row.itl_mean_s > 0
+    return row.itl_mean_s if fitted else None
 
 
 def _decode_window(row: Measurement) -> float:

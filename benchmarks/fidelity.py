@@ -53,6 +53,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simadmit.calibrate.drift import DRIFT_WARNING  # noqa: E402
 from simadmit.calibrate.fit import fit_step_model, fit_warnings, observations  # noqa: E402
 from simadmit.calibrate.measurements import read_measurements  # noqa: E402
 from simadmit.calibrate.run import api_latency_s  # noqa: E402
@@ -139,19 +140,66 @@ MEASUREMENTS = "profile.measurements.csv"  # beside the profile.yaml `calibrate`
 CALIBRATED_CONCURRENCY = 64  # the batches this server runs at 150% load (56-68 sequences measured)
 
 
-def calibrate(url: str, out: Path, budget: str, max_concurrency: int = CALIBRATED_CONCURRENCY) -> Path:
-    """`simadmit calibrate` on the running server, with the server's batch limits, measuring decode batches
-    as large as the loads replayed reach (`max_concurrency`), so the step cost there is measured rather
-    than extrapolated. On this CPU a saturated batch of 64 takes about 75 s and each of the two rounds holds
-    one, so a budget of 3 minutes runs about 6.5."""
+def calibrate(
+    url: str, out: Path, budget: str, max_concurrency: int = CALIBRATED_CONCURRENCY, attempts: int = 2
+) -> Path:
+    """`simadmit calibrate` on the running server into OUT/profile.yaml, with the server's batch limits,
+    measuring decode batches as large as the loads replayed reach (`max_concurrency`), so the step cost
+    there is measured rather than extrapolated. On this CPU a saturated batch of 64 takes about 75 s and each
+    of the two rounds holds one, so a budget of 3 minutes runs about 6.5.
+
+    A calibration whose rounds disagree by more than `DRIFT_WARNING` (its "unsteady machine" warning)
+    measured a server whose speed changed under it, and predicts replays at neither speed: it is set aside
+    under OUT/unsteady-K/ and the server calibrated again, up to `attempts` in all; the steadiest is kept."""
+    profile = out / "profile.yaml"
+    for k in range(1, attempts + 1):
+        calibrate_once(url, profile, budget, max_concurrency)
+        moved = unsteadiness(profile)
+        if moved <= DRIFT_WARNING or k == attempts:
+            break
+        set_aside(out, out / f"unsteady-{k}")
+        print(
+            f"calibration {k} unsteady (a phase moved {moved:.0%} between its rounds): calibrating again",
+            flush=True,
+        )
+    keep_steadiest(out)
+    return profile
+
+
+def calibrate_once(url: str, profile: Path, budget: str, max_concurrency: int) -> None:
     from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
-    profile = out / "profile.yaml"
     cmd = [sys.executable, "-m", "simadmit.calibrate", "--endpoint", url, "--budget", budget,
            "--max-concurrency", str(max_concurrency), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens",
            str(MAX_NUM_BATCHED_TOKENS), "--gpu-name", "CPU", "--out", str(profile)]  # fmt: skip
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return profile
+
+
+def unsteadiness(profile: Path) -> float:
+    """How far the calibration's slowest-to-agree phase moved between its rounds (the median over its
+    cells, as the profile records it); 0 for a profile that records none."""
+    drift = load_profile(profile).fit.get("drift_between_rounds") or {}
+    assert isinstance(drift, dict)
+    return max((abs(float(d["median"])) for d in drift.values()), default=0.0)
+
+
+def set_aside(out: Path, folder: Path) -> None:
+    """Move the calibration in `out` (its profile and measurements) into `folder`, keeping every row."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("profile.yaml", MEASUREMENTS):
+        if (out / name).exists():
+            (out / name).rename(folder / name)
+
+
+def keep_steadiest(out: Path) -> None:
+    """Of the calibration in `out` and those set aside under OUT/unsteady-K/, leave the steadiest in `out`
+    (`unsteadiness`; the latest on a tie) and the others set aside."""
+    aside = sorted(out.glob("unsteady-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))
+    best = min([out, *aside], key=lambda f: unsteadiness(f / "profile.yaml"))
+    if best != out:
+        set_aside(out, out / f"unsteady-{len(aside) + 1}")
+        set_aside(best, out)
+        best.rmdir()
 
 
 def capacity(

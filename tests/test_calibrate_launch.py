@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from simadmit.calibrate.launch import LaunchError, launched_server
+from tests.vllm_server import cpu_flags, served_dtype
 
 SERVER = """
 import os, sys, http.server
@@ -97,3 +98,16 @@ def test_a_server_that_dies_at_start_up_is_reported_with_its_last_words(tmp_path
         launched_server("m", ["--bogus"], str(broken), tmp_path / "log", 30),
     ):
         pass
+
+
+def test_the_tests_server_runs_bfloat16_only_where_the_cpu_has_avx512(tmp_path: Path) -> None:
+    """vLLM's CPU kernels for bfloat16 need AVX-512; elsewhere the tests' server runs float32."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n"
+    )
+    assert cpu_flags(cpuinfo) == {"fpu", "sse", "avx", "avx2", "fma"}
+    assert served_dtype(cpu_flags(cpuinfo)) == "float32"
+    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert served_dtype(cpu_flags(cpuinfo)) == "bfloat16"
+    assert cpu_flags(tmp_path / "absent") == frozenset()

@@ -104,9 +104,27 @@ class VllmServer:
     log: Path
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo is not there to read)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        w for line in text.splitlines() if line.startswith("flags") for w in line.split(":", 1)[1].split()
+    )
+
+
+def served_dtype(flags: frozenset[str]) -> str:
+    """bfloat16 where the CPU has AVX-512, whose kernels vLLM's CPU build uses for it; float32 elsewhere. On
+    a 2-core AMD EPYC with AVX2 only, bfloat16 fell back to plain torch matmuls and a 256-token prompt took
+    6.1 s to prefill, against 0.9 s in float32."""
+    return "bfloat16" if "avx512f" in flags else "float32"
+
+
 def server_args() -> list[str]:
     return [
-        "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16",
+        "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN), "--dtype", served_dtype(cpu_flags()),
         "--enforce-eager", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
     ]  # fmt: skip
 

@@ -24,7 +24,16 @@ from simadmit.calibrate.fit import (
 from simadmit.calibrate.measurements import Measurement
 from simadmit.calibrate.metrics import CacheConfig
 from simadmit.calibrate.run import CalibrationConfig, build_profile
-from simadmit.config.profile import StepTimeModel, load_profile, prefill_chunks, save_profile, solo_service_s
+from simadmit.config.errors import InputError
+from simadmit.config.profile import (
+    EngineLimits,
+    StepTimeModel,
+    load_profile,
+    prefill_chunks,
+    save_profile,
+    solo_service_s,
+    summary_figures,
+)
 from simadmit.fleet.engine import BatchingEngine, BatchLimits, EngineListener
 
 # overhead, prefill, decode seq, context, attention pair, weights' read, TTFT offset
@@ -281,3 +290,20 @@ def test_the_fitted_prefill_cost_is_what_the_simulated_engine_charges(prompt: in
     fit_view = ttft_observation(prompt, 2048).predict(step)
     assert listener.at[0] == pytest.approx(fit_view, rel=1e-9)
     assert listener.at[0] == pytest.approx(solo_service_s(step, 2048, prompt), rel=1e-9)
+
+
+def test_a_fit_that_makes_steps_free_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    """A fit that prices no step (every latency outside the engine) gives infinite rates, and the
+    calibration refuses it with one line naming its measurements, rather than dividing by zero; a model
+    that prices only decode keeps its finite decode rate."""
+    limits = EngineLimits(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048)
+    free = StepTimeModel(0.0, 0.0, 0.0, 0.0)
+    assert summary_figures(free, limits, 100_000, gpus=1) == (math.inf, math.inf)
+    prefill, decode = summary_figures(StepTimeModel(0.0, 0.0, 1e-3, 0.0), limits, 100_000, gpus=1)
+    assert prefill == math.inf and decode == pytest.approx(1e3)
+    fit = fit_step_model(synthetic(np.random.default_rng(5), noise=0.0))
+    cfg = CalibrationConfig(endpoint="http://x:8000", out=tmp_path / "p.yaml", max_num_batched_tokens=2048)
+    endpoint = Endpoint("http://x:8000", "m", 2048, "0.32.0")
+    with pytest.raises(InputError, match="free") as raised:
+        build_profile(cfg, endpoint, CacheConfig(128, 728, 1), replace(fit, step=free), [], {})
+    assert str(tmp_path / "p.measurements.csv") in str(raised.value)

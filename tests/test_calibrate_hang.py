@@ -17,15 +17,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from rich.console import Console
 
 from simadmit.calibrate.deadline import BudgetSpent, grace_s, stall_after_s, within_budget
 from simadmit.calibrate.measurements import measurements_path, read_measurements
-from simadmit.calibrate.phases import RunnerSettings
-from simadmit.calibrate.run import CalibrationConfig, calibrate
+from simadmit.calibrate.phases import Cell, RunnerSettings, RunStats, in_rounds
+from simadmit.calibrate.run import CalibrationConfig, _run_with_progress, calibrate
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,3 +124,55 @@ def test_the_progress_bar_counts_the_stalled_requests_and_one_line_sums_them_up(
     assert len(summary) == 1, summary
     assert f"without a byte from the server for {stall_s:g} s or more" in summary[0]
     assert f"stalled: {max(counts)} of " in summary[0]  # the most at once, as the bar showed it
+
+
+def test_a_slow_server_is_not_taken_for_a_hung_one(tmp_path: Path) -> None:
+    """Every request is silent for 1.5 s before its first token (a long prefill on a slow CPU), longer than
+    the 1 s after which a request counts as stalled, and the plan's minimum outlasts the 2 s budget. The
+    server has answered after such silences before the budget ends, so the run goes on past the budget
+    and its grace, measures both rounds and writes the profile, rather than stopping as if it hung."""
+    with FakeVllm(prefill_s=1.5) as server:
+        cfg = CalibrationConfig(endpoint=server.url, out=tmp_path / "p.yaml", budget_s=2.0, max_concurrency=1)
+        started = time.monotonic()
+        asyncio.run(within_budget(calibrate(cfg, Console(file=io.StringIO())), cfg.budget_s, stall_s=1.0))
+        ran_s = time.monotonic() - started
+    assert ran_s > 2 * (cfg.budget_s + grace_s(cfg.budget_s))
+    assert {r.round for r in read_measurements(measurements_path(cfg.out))} == {0, 1, 2}
+    assert cfg.out.exists()
+
+
+class _Runner:
+    """A server whose every cell takes `cell_s`, as the calibration's runner reports it."""
+
+    def __init__(self, cell_s: float) -> None:
+        self.cell_s = cell_s
+        self.stats = RunStats()
+        self.ran: list[Cell] = []
+
+    def remaining_s(self, cell: Cell) -> tuple[float, int]:
+        return 1.0, 1
+
+    async def run_cell(self, cell: Cell, tick: Callable[[], None]) -> None:
+        await asyncio.sleep(self.cell_s)
+        self.ran.append(cell)
+        self.stats.wall_s[cell.label] += self.cell_s
+        tick()
+
+
+def test_cells_of_a_later_round_that_would_end_past_the_cap_are_skipped() -> None:
+    """Three cells in two rounds, each taking 0.5 s, against a cap 2.25 s away: the first round runs whole
+    (every cell is owed once), the second runs while a cell, as long as it took before, ends before the cap,
+    and the rest are skipped and counted on one line."""
+    cells = in_rounds([Cell(phase, 1, (16,), 1, 1.0, 1) for phase in ("prefill", "decode", "mixed")])
+    runner = _Runner(0.5)
+    screen = io.StringIO()
+    cap_at = time.perf_counter() + 2.25
+    skipped = asyncio.run(
+        _run_with_progress(
+            cast(Any, runner), cells, cast(Any, SimpleNamespace()), Console(file=screen), 10.0, cap_at
+        )
+    )
+    assert [(c.round, c.phase) for c in runner.ran] == [
+        (1, "prefill"), (1, "decode"), (1, "mixed"), (2, "prefill")
+    ]  # fmt: skip
+    assert skipped == 2 and "2 cells measured in one round only" in screen.getvalue()

@@ -106,7 +106,8 @@ def calibrate_command(
         str,
         typer.Option(
             help="time budget of the whole run, e.g. 10m: the plan fits inside it; a server gone silent ends "
-            "the run at the budget (plus a short grace), a slow one at twice the budget plus a minute at most"
+            "the run at the budget (plus a short grace); a slow one may finish the first round, and the second "
+            "as far as it ends by twice the budget plus a minute"
         ),
     ] = "8m",
     request_timeout: Annotated[

@@ -49,13 +49,15 @@ class InFlight:
     A server that accepts a request and then sends nothing leaves the client waiting until its time-out;
     `stalled(after_s)` tells how many requests have had no byte for that long, so a progress display can
     say so instead of looking busy, and `last_heard` (when any answer last arrived) tells a hung server
-    from a slow one.
+    from a slow one. `longest_answered_s`, the longest a request has waited for a byte that then came, is
+    how silent this server can be while working: one step of a long prompt on a slow CPU takes seconds.
     """
 
     def __init__(self) -> None:
         self._last_heard: dict[int, float] = {}
         self._next = 0
         self.last_heard = -math.inf  # time.perf_counter() of the latest headers or bytes, any request
+        self.longest_answered_s = 0.0
 
     def open(self) -> int:
         self._next += 1
@@ -63,7 +65,9 @@ class InFlight:
         return self._next
 
     def heard(self, key: int) -> None:
-        self._last_heard[key] = self.last_heard = time.perf_counter()
+        now = time.perf_counter()
+        self.longest_answered_s = max(self.longest_answered_s, now - self._last_heard[key])
+        self._last_heard[key] = self.last_heard = now
 
     def close(self, key: int) -> None:
         self._last_heard.pop(key, None)

@@ -2,8 +2,10 @@
 
 The plan spreads its cells over the budget, but a request that the server accepts and never answers holds
 its worker until the request time-out. `within_budget` stops the run at the budget plus a short grace once
-the server has gone silent (no headers or bytes for any request for `STALL_S`), whatever it does: every
-attempt already measured is in the CSV, and `BudgetSpent` says what was still waiting. A server still
+the server has gone silent (no headers or bytes for any request for `STALL_S`, or for twice the longest a
+request has waited for a byte that then came: a slow server's long prefills are silent for longer, and are
+not a hang), whatever it does: every attempt already measured is in the CSV, and `BudgetSpent` says what
+was still waiting. A server still
 answering may finish the plan's minimum requests (they are owed whatever the budget), up to a hard cap of
 twice the budget plus a minute. While it runs, the progress bar counts the requests silent for a while
 (`Stalls`), so a stalled server is seen as stalled rather than as slow progress.
@@ -90,6 +92,7 @@ async def within_budget(work: Coroutine[Any, Any, T], budget_s: float, stall_s: 
     """Run `work` within its budget (see the module docstring), else cancel it and raise `BudgetSpent`."""
     task = asyncio.ensure_future(work)
     start = time.perf_counter()
+    IN_FLIGHT.longest_answered_s = 0.0  # how silent this server can be while working: learnt afresh
     limit, cap = start + budget_s + grace_s(budget_s), start + hard_cap_s(budget_s)
     try:
         while True:
@@ -98,7 +101,8 @@ async def within_budget(work: Coroutine[Any, Any, T], budget_s: float, stall_s: 
                 return task.result()
             now = time.perf_counter()
             server_silent_s = now - max(IN_FLIGHT.last_heard, start)
-            if (now >= limit and server_silent_s >= stall_s) or now >= cap:
+            hung_s = max(stall_s, 2 * IN_FLIGHT.longest_answered_s)
+            if (now >= limit and server_silent_s >= hung_s) or now >= cap:
                 break
         stalled, longest = IN_FLIGHT.stalled(stall_s)
         spent = BudgetSpent(now - start, len(IN_FLIGHT), stalled, longest)

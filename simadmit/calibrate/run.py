@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from simadmit.calibrate.api_latency import measure_api_latency
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
-from simadmit.calibrate.deadline import Stalls, stall_after_s
+from simadmit.calibrate.deadline import Stalls, hard_cap_s, stall_after_s
 from simadmit.calibrate.drift import drift_warnings, round_drift
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
@@ -179,7 +179,8 @@ async def _run_plan(
     endpoint: Endpoint,
     cache: CacheConfig,
     console: Console,
-) -> tuple[Runner, MetricsSampler, OverheadMonitor]:
+    cap_at: float,
+) -> tuple[Runner, MetricsSampler, OverheadMonitor, int]:
     csv_path = measurements_path(cfg.out)
     server = server_identity(cfg, endpoint, cache)
     history = _history(csv_path, endpoint, server, console)
@@ -197,20 +198,30 @@ async def _run_plan(
         overhead.start()
         sampler.start()
         try:
-            await _run_with_progress(
-                runner, cells, sampler, console, stall_after_s(cfg.runner.request_timeout_s)
+            skipped = await _run_with_progress(
+                runner, cells, sampler, console, stall_after_s(cfg.runner.request_timeout_s), cap_at
             )
         finally:
             await sampler.stop()
             await overhead.stop()
-    return runner, sampler, overhead
+    return runner, sampler, overhead, skipped
 
 
 async def _run_with_progress(
-    runner: Runner, cells: list[Cell], sampler: MetricsSampler, console: Console, stall_s: float
-) -> None:
+    runner: Runner,
+    cells: list[Cell],
+    sampler: MetricsSampler,
+    console: Console,
+    stall_s: float,
+    cap_at: float,
+) -> int:
     """Run the cells in order, one progress bar (with ETA) per cell plus one for the whole budget; the
-    latter counts the stalled requests while there are any, and one line sums them up at the end."""
+    latter counts the stalled requests while there are any, and one line sums them up at the end.
+
+    A server too slow for its budget has every cell measured once all the same: a cell of a later round
+    (measuring the same again, for the drift between rounds) that would run past the run's hard cap
+    (`cap_at`), judged by how long it took in the rounds before, is skipped, and one line says how many;
+    their count is returned."""
     columns = (
         TextColumn("{task.description:<28}"),
         BarColumn(),
@@ -222,6 +233,7 @@ async def _run_with_progress(
     )
     whole = {cell.label: cell for cell in cells}  # each cell's last round: all it owes
     stalls = Stalls(stall_s)
+    skipped = 0
     try:
         with Progress(*columns, console=console, refresh_per_second=2) as progress:
             total_s = sum(runner.remaining_s(cell)[0] for cell in whole.values()) or 1.0
@@ -230,6 +242,10 @@ async def _run_with_progress(
             for cell in cells:
                 seconds, owed = runner.remaining_s(cell)  # after the rounds before this one
                 if seconds <= 0 and owed <= 0:
+                    continue
+                took_s = runner.stats.wall_s[cell.label] / max(1, cell.round - 1)  # per round before
+                if cell.round > 1 and time.perf_counter() + took_s >= cap_at:
+                    skipped += 1
                     continue
                 sampler.phase = cell.phase
                 task = progress.add_task(cell.label, total=max(seconds, 1e-3), requests=0, stalled="")
@@ -259,6 +275,14 @@ async def _run_with_progress(
     finally:  # also when the budget or Ctrl-C cancels the run
         if line := stalls.summary():
             console.print(line, style="yellow", markup=False, highlight=False)
+    if skipped:
+        console.print(
+            f"the server is too slow for the budget: {skipped} cells measured in one round only, as the "
+            "last would have run past twice the budget plus a minute (a larger --budget measures them again, "
+            "and how far the machine drifted between)",
+            style="yellow", markup=False, highlight=False,
+        )  # fmt: skip
+    return skipped
 
 
 def _measured_figures(rows: list[Measurement], cells: list[Cell], gpus: int) -> dict[str, object]:
@@ -301,6 +325,12 @@ def build_profile(
     """Assemble and validate the profile (validation catches, e.g., a fit that makes a step free)."""
     limits = EngineLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens, endpoint.max_model_len)
     prefill, decode = summary_figures(fit.step, limits, cache.capacity_tokens, cfg.gpus)
+    if not (math.isfinite(prefill) and math.isfinite(decode)):
+        why = (
+            "the fit finds a full prefill or decode step free: the latencies measured did not grow with the "
+            "prompt or the batch, so nothing in them prices a step (is this a vLLM engine doing the work?)"
+        )
+        raise InputError([problem(measurements_path(cfg.out), None, why)])
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     profile = Profile(
         model=endpoint.model,
@@ -323,6 +353,7 @@ def build_profile(
 
 async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     """Run a whole calibration and write the profile; `InputError` for anything the user must fix."""
+    cap_at = time.perf_counter() + hard_cap_s(cfg.budget_s)
     check_out(cfg.out, cfg.resume)
     limits = httpx.Limits(
         max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4
@@ -341,7 +372,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
             else "API server latency not measured (no engine queue/prefill histograms): fitted as the TTFT offset",
             markup=False, highlight=False,
         )  # fmt: skip
-        runner, sampler, overhead = await _run_plan(cfg, client, endpoint, cache, console)
+        runner, sampler, overhead, skipped = await _run_plan(cfg, client, endpoint, cache, console, cap_at)
     csv_path = measurements_path(cfg.out)
     rows = read_measurements(csv_path)
     obs, discarded = observations(rows, cfg.max_num_batched_tokens)
@@ -356,6 +387,7 @@ async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
         "ttft_offset_source": "measured" if latency is not None else "fitted",
         "discarded_as_burst_delivery": discarded,
         "drift_between_rounds": {phase: d.report() for phase, d in drift.items()},
+        "cells_skipped_at_cap": skipped,
         "measured": _measured_figures(rows, cells, cfg.gpus),
         "server_metrics": sampler.summary(),
         "metrics_polls_failed": sampler.failed_polls,

@@ -18,6 +18,7 @@ sees and takes no engine time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -224,9 +225,12 @@ def summary_figures(
     """
     budget = limits.max_num_batched_tokens
     prompt = min(budget, limits.max_model_len - 1)
-    prefill = prompt / solo_service_s(step, budget, prompt) / gpus
     batch = max(1, min(limits.max_num_seqs, kv_capacity_tokens // max(1, ref_context)))
-    decode = batch / step.step_time(0, batch, batch * ref_context) / gpus
+    prefill_s = solo_service_s(step, budget, prompt)
+    decode_s = step.step_time(0, batch, batch * ref_context)
+    free = math.inf  # a step model that makes the step take no time: a profile refuses it (`gt=0`, finite)
+    prefill = prompt / prefill_s / gpus if prefill_s > 0 else free
+    decode = batch / decode_s / gpus if decode_s > 0 else free
     return prefill, decode
 
 

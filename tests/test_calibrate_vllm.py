@@ -32,7 +32,7 @@ from simadmit.calibrate.measurements import Measurement, read_measurements
 from simadmit.calibrate.phases import aggregate_throughput
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
 from simadmit.config.profile import Profile, load_profile, solo_service_s
-from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer
+from tests.vllm_server import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, VllmServer, cpu_flags, served_dtype
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # the first run provisions vLLM in its setup
 
@@ -122,7 +122,10 @@ def test_kv_capacity_equals_cache_config_info(calibrated: Calibrated, vllm_serve
     ]
     assert len(info) == 1
     expected = int(info[0]["num_gpu_blocks"]) * int(info[0]["block_size"])
-    assert calibrated.profile.kv_capacity_tokens == expected == 93184  # 728 blocks x 128 with 2 GiB
+    # 2 GiB of KV in blocks of 128 tokens, each token holding a key and a value of SmolLM2's 30 layers x 3
+    # KV heads x 64 dimensions in the server's dtype: 728 blocks in bfloat16, 364 in float32
+    width = {"bfloat16": 2, "float32": 4}[served_dtype(cpu_flags())]
+    assert calibrated.profile.kv_capacity_tokens == expected == 2**31 // (128 * 2 * 30 * 3 * 64 * width) * 128
     assert calibrated.profile.kv_block_size == int(info[0]["block_size"])
 
 

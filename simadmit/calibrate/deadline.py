@@ -5,9 +5,9 @@ its worker until the request time-out. `within_budget` stops the run at the budg
 the server has gone silent (no headers or bytes for any request for `STALL_S`, or for twice the longest a
 request has waited for a byte that then came: a slow server's long prefills are silent for longer, and are
 not a hang), whatever it does: every attempt already measured is in the CSV, and `BudgetSpent` says what
-was still waiting. A server still
-answering may finish the plan's minimum requests (they are owed whatever the budget), up to a hard cap of
-twice the budget plus a minute. While it runs, the progress bar counts the requests silent for a while
+was still waiting. A server still answering may finish the plan's minimum requests (they are owed whatever
+the budget), up to a hard cap of twice the budget plus a minute (a later round's cells that would end past
+it are skipped: `run.py`). While it runs, the progress bar counts the requests silent for a while
 (`Stalls`), so a stalled server is seen as stalled rather than as slow progress.
 """
 

@@ -25,7 +25,9 @@ from typing import Any, cast
 import pytest
 from rich.console import Console
 
-from simadmit.calibrate.deadline import BudgetSpent, grace_s, stall_after_s, within_budget
+from simadmit.calibrate import deadline
+from simadmit.calibrate.client import InFlight
+from simadmit.calibrate.deadline import BudgetSpent, Stalls, grace_s, stall_after_s, within_budget
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import Cell, RunnerSettings, RunStats, in_rounds
 from simadmit.calibrate.run import CalibrationConfig, _run_with_progress, calibrate
@@ -139,6 +141,26 @@ def test_a_slow_server_is_not_taken_for_a_hung_one(tmp_path: Path) -> None:
     assert ran_s > 2 * (cfg.budget_s + grace_s(cfg.budget_s))
     assert {r.round for r in read_measurements(measurements_path(cfg.out))} == {0, 1, 2}
     assert cfg.out.exists()
+
+
+def test_a_silence_no_longer_than_the_server_has_answered_after_is_not_shown_as_stalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The progress bar's stall count uses the rule the hang check uses: a request silent for 0.3 s, past
+    the 0.2 s floor, is not stalled on a server that has answered after 0.2 s of silence before (twice
+    that is 0.4 s), and is stalled on one that has never kept a request waiting over 0.1 s."""
+    in_flight = InFlight()
+    monkeypatch.setattr(deadline, "IN_FLIGHT", in_flight)
+    in_flight.open()
+    time.sleep(0.3)
+    stalls = Stalls(after_s=0.2)
+    in_flight.longest_answered_s = 0.2
+    assert stalls.now() == 0 and stalls.summary() is None
+    in_flight.longest_answered_s = 0.1
+    assert stalls.now() == 1
+    assert (stalls.summary() or "").startswith(
+        "stalled: 1 of 1 requests without a byte from the server for 0.2 s"
+    )
 
 
 class _Runner:

@@ -75,6 +75,11 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._last_heard)
 
+    def silent_too_long_s(self, floor_s: float) -> float:
+        """A silence past which this server is not merely slow: `floor_s`, or twice the longest it has kept
+        a request waiting for a byte that then came, whichever is longer."""
+        return max(floor_s, 2 * self.longest_answered_s)
+
     def stalled(self, after_s: float) -> tuple[int, float]:
         """(requests silent for at least `after_s`, the longest silence in seconds)."""
         now = time.perf_counter()

@@ -32,19 +32,22 @@ def stall_after_s(request_timeout_s: float) -> float:
 
 
 class Stalls:
-    """The requests in flight that have been silent `after_s` or more: now (for the progress bar) and the
-    most at once over the run (for the one line that sums them up at the end)."""
+    """The requests in flight silent for longer than this server is while it works (`after_s` at least, the
+    rule the budget's hang check uses): now (for the progress bar) and the most at once over the run (for the
+    one line that sums them up at the end). A slow server's long prefills are not shown as stalls."""
 
     def __init__(self, after_s: float) -> None:
         self.after_s = after_s
         self.most = 0
         self.open_then = 0
+        self.silent_then_s = after_s
         self.longest_s = 0.0
 
     def now(self) -> int:
-        stalled, longest = IN_FLIGHT.stalled(self.after_s)
+        silent_s = IN_FLIGHT.silent_too_long_s(self.after_s)
+        stalled, longest = IN_FLIGHT.stalled(silent_s)
         if stalled > self.most:
-            self.most, self.open_then = stalled, len(IN_FLIGHT)
+            self.most, self.open_then, self.silent_then_s = stalled, len(IN_FLIGHT), silent_s
         self.longest_s = max(self.longest_s, longest)
         return stalled
 
@@ -53,7 +56,7 @@ class Stalls:
             return None
         return (
             f"stalled: {self.most} of {self.open_then} requests without a byte from the server for "
-            f"{self.after_s:g} s or more (the longest {self.longest_s:.0f} s)"
+            f"{self.silent_then_s:.3g} s or more (the longest {self.longest_s:.0f} s)"
         )
 
 
@@ -101,10 +104,9 @@ async def within_budget(work: Coroutine[Any, Any, T], budget_s: float, stall_s: 
                 return task.result()
             now = time.perf_counter()
             server_silent_s = now - max(IN_FLIGHT.last_heard, start)
-            hung_s = max(stall_s, 2 * IN_FLIGHT.longest_answered_s)
-            if (now >= limit and server_silent_s >= hung_s) or now >= cap:
+            if (now >= limit and server_silent_s >= IN_FLIGHT.silent_too_long_s(stall_s)) or now >= cap:
                 break
-        stalled, longest = IN_FLIGHT.stalled(stall_s)
+        stalled, longest = IN_FLIGHT.stalled(IN_FLIGHT.silent_too_long_s(stall_s))
         spent = BudgetSpent(now - start, len(IN_FLIGHT), stalled, longest)
     finally:
         if not task.done():

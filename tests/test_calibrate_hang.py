@@ -165,10 +165,12 @@ def test_a_silence_no_longer_than_the_server_has_answered_after_is_not_shown_as_
 
 
 class _Runner:
-    """A server whose every cell takes `cell_s`, as the calibration's runner reports it."""
+    """A server whose every cell takes `cell_s` in the first round and `later_s` in the rounds after, as the
+    calibration's runner reports it."""
 
-    def __init__(self, cell_s: float) -> None:
+    def __init__(self, cell_s: float, later_s: float | None = None) -> None:
         self.cell_s = cell_s
+        self.later_s = cell_s if later_s is None else later_s
         self.stats = RunStats()
         self.ran: list[Cell] = []
 
@@ -176,9 +178,10 @@ class _Runner:
         return 1.0, 1
 
     async def run_cell(self, cell: Cell, tick: Callable[[], None]) -> None:
-        await asyncio.sleep(self.cell_s)
+        took_s = self.cell_s if cell.round == 1 else self.later_s
+        await asyncio.sleep(took_s)
         self.ran.append(cell)
-        self.stats.wall_s[cell.label] += self.cell_s
+        self.stats.wall_s[cell.label] += took_s
         tick()
 
 
@@ -198,4 +201,27 @@ def test_cells_of_a_later_round_that_would_end_past_the_cap_are_skipped() -> Non
     assert [(c.round, c.phase) for c in runner.ran] == [
         (1, "prefill"), (1, "decode"), (1, "mixed"), (2, "prefill")
     ]  # fmt: skip
-    assert skipped == 2 and "2 cells measured in one round only" in screen.getvalue()
+    assert skipped == 2 and "2 cells of a later round skipped or cut short" in " ".join(
+        screen.getvalue().split()
+    )
+
+
+def test_a_later_round_cell_still_running_at_the_cap_is_cut_short() -> None:
+    """Two cells taking 0.5 s in the first round; the second round's first runs 5 s (the machine slowed
+    down), past a cap 1.8 s away: it is cut short at the cap, well before it would end, the next one is
+    skipped, and the run returns (to the fit) rather than running on into the hard cap."""
+    cells = in_rounds([Cell(phase, 1, (16,), 1, 1.0, 1) for phase in ("prefill", "decode")])
+    runner = _Runner(0.5, later_s=5.0)
+    screen = io.StringIO()
+    started = time.perf_counter()
+    skipped = asyncio.run(
+        _run_with_progress(
+            cast(Any, runner), cells, cast(Any, SimpleNamespace()), Console(file=screen), 10.0, started + 1.8
+        )
+    )
+    ran_s = time.perf_counter() - started
+    assert [(c.round, c.phase) for c in runner.ran] == [(1, "prefill"), (1, "decode")]
+    assert skipped == 2 and "2 cells of a later round skipped or cut short" in " ".join(
+        screen.getvalue().split()
+    )
+    assert 1.8 <= ran_s < 4.0  # cut at the cap (plus one 0.5 s poll), not at the cell's 5 s

@@ -7,7 +7,7 @@ request has waited for a byte that then came: a slow server's long prefills are 
 not a hang), whatever it does: every attempt already measured is in the CSV, and `BudgetSpent` says what
 was still waiting. A server still answering may finish the plan's minimum requests (they are owed whatever
 the budget), up to a hard cap of twice the budget plus a minute (a later round's cells that would end past
-it are skipped: `run.py`). While it runs, the progress bar counts the requests silent for a while
+it are skipped, and one still running near it is cut short: `run.py`). While it runs, the progress bar counts the requests silent for a while
 (`Stalls`), so a stalled server is seen as stalled rather than as slow progress.
 """
 
@@ -68,6 +68,15 @@ def grace_s(budget_s: float) -> float:
 def hard_cap_s(budget_s: float) -> float:
     """The longest a run may take, even against a server that is slow but answering."""
     return 2 * budget_s + 60.0
+
+
+WRAP_UP_S = 15.0  # after the last measurement: the fit, its report and the profile, before the hard cap
+
+
+def later_rounds_end_s(budget_s: float) -> float:
+    """When a later round's measuring ends, skipping or cutting short what is left, so the profile is
+    written before the hard cap rather than the run failing at it."""
+    return hard_cap_s(budget_s) - WRAP_UP_S
 
 
 class BudgetSpent(Exception):

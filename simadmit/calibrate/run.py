@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from simadmit.calibrate.api_latency import measure_api_latency
 from simadmit.calibrate.client import Endpoint, discover, normalize_base_url, tokenize
-from simadmit.calibrate.deadline import Stalls, hard_cap_s, stall_after_s
+from simadmit.calibrate.deadline import Stalls, later_rounds_end_s, stall_after_s
 from simadmit.calibrate.drift import drift_warnings, round_drift
 from simadmit.calibrate.fit import FitResult, fit_step_model, fit_warnings, observations
 from simadmit.calibrate.measurements import Measurement, MeasurementLog, measurements_path, read_measurements
@@ -219,9 +219,10 @@ async def _run_with_progress(
     latter counts the stalled requests while there are any, and one line sums them up at the end.
 
     A server too slow for its budget has every cell measured once all the same: a cell of a later round
-    (measuring the same again, for the drift between rounds) that would run past the run's hard cap
-    (`cap_at`), judged by how long it took in the rounds before, is skipped, and one line says how many;
-    their count is returned."""
+    (measuring the same again, for the drift between rounds) that would run past `cap_at` (the run's hard cap
+    less the time to fit), judged by how long it took in the rounds before, is skipped, one that runs slower
+    than that and is still going at `cap_at` is cut short (what it completed is kept), and one line says
+    how many; their count is returned."""
     columns = (
         TextColumn("{task.description:<28}"),
         BarColumn(),
@@ -260,6 +261,11 @@ async def _run_with_progress(
 
                 run = asyncio.create_task(runner.run_cell(cell, tick))
                 while not run.done():
+                    if cell.round > 1 and time.perf_counter() >= cap_at:
+                        run.cancel()
+                        await asyncio.wait({run})
+                        skipped += 1
+                        break
                     elapsed = time.perf_counter() - started
                     progress.update(task, completed=min(elapsed, seconds))
                     stalled = stalls.now()
@@ -269,6 +275,8 @@ async def _run_with_progress(
                         stalled=f"{stalled} stalled" if stalled else "",
                     )
                     await asyncio.wait({run}, timeout=0.5)
+                if run.cancelled():
+                    continue
                 await run
                 progress.update(task, completed=max(seconds, 1e-3))
                 base += seconds
@@ -277,9 +285,9 @@ async def _run_with_progress(
             console.print(line, style="yellow", markup=False, highlight=False)
     if skipped:
         console.print(
-            f"the server is too slow for the budget: {skipped} cells measured in one round only, as the "
-            "last would have run past twice the budget plus a minute (a larger --budget measures them again, "
-            "and how far the machine drifted between)",
+            f"the server is too slow for the budget: {skipped} cells of a later round skipped or cut short, "
+            "as they would have run past twice the budget plus a minute (a larger --budget measures them "
+            "again, and how far the machine drifted between)",
             style="yellow", markup=False, highlight=False,
         )  # fmt: skip
     return skipped
@@ -353,7 +361,7 @@ def build_profile(
 
 async def calibrate(cfg: CalibrationConfig, console: Console) -> Calibration:
     """Run a whole calibration and write the profile; `InputError` for anything the user must fix."""
-    cap_at = time.perf_counter() + hard_cap_s(cfg.budget_s)
+    cap_at = time.perf_counter() + later_rounds_end_s(cfg.budget_s)
     check_out(cfg.out, cfg.resume)
     limits = httpx.Limits(
         max_connections=cfg.max_concurrency + 4, max_keepalive_connections=cfg.max_concurrency + 4

@@ -260,11 +260,12 @@ async def _run_with_progress(
                     progress.update(total, requests=runner.stats.completed)
 
                 run = asyncio.create_task(runner.run_cell(cell, tick))
+                cut = False  # by this loop, at the cap; a cancel from outside (budget, Ctrl-C) ends the run
                 while not run.done():
                     if cell.round > 1 and time.perf_counter() >= cap_at:
-                        run.cancel()
+                        cut = run.cancel()
                         await asyncio.wait({run})
-                        skipped += 1
+                        skipped += cut
                         break
                     elapsed = time.perf_counter() - started
                     progress.update(task, completed=min(elapsed, seconds))
@@ -275,7 +276,7 @@ async def _run_with_progress(
                         stalled=f"{stalled} stalled" if stalled else "",
                     )
                     await asyncio.wait({run}, timeout=0.5)
-                if run.cancelled():
+                if cut:
                     continue
                 await run
                 progress.update(task, completed=max(seconds, 1e-3))

@@ -7,8 +7,9 @@ request has waited for a byte that then came: a slow server's long prefills are 
 not a hang), whatever it does: every attempt already measured is in the CSV, and `BudgetSpent` says what
 was still waiting. A server still answering may finish the plan's minimum requests (they are owed whatever
 the budget), up to a hard cap of twice the budget plus a minute (a later round's cells that would end past
-it are skipped, and one still running near it is cut short: `run.py`). While it runs, the progress bar counts the requests silent for a while
-(`Stalls`), so a stalled server is seen as stalled rather than as slow progress.
+it are skipped, and one still running near it is cut short: `run.py`). While it runs, the progress bar
+counts the requests silent for a while (`Stalls`), so a stalled server is seen as stalled rather than as
+slow progress.
 """
 
 from __future__ import annotations

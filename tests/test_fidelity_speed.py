@@ -99,3 +99,17 @@ def test_calibrations_fitted_together_fall_between_each_alone(tmp_path: Path) ->
     assert (slow > 1.1 * alone).all(), (alone, slow)
     share = (together - alone) / (slow - alone)
     assert ((share > 0.2) & (share < 0.8)).all(), (alone, slow, together)
+
+
+def test_rescaling_draws_the_clients_jitter_as_often_as_the_benchmark_did(tmp_path: Path) -> None:
+    """A gateway point simulated over several draws of the clients' jitter is re-simulated over as many
+    (its `sim` folder's seeds); an engine point, or one never simulated, over one."""
+    from benchmarks.fidelity_speed import draws
+
+    point = tmp_path / "point"
+    assert draws(point) == 1
+    (point / "sim").mkdir(parents=True)
+    pd.DataFrame({"seed": [11, 11, 12, 13, 13], "request_id": range(5)}).to_parquet(
+        point / "sim" / "requests.parquet"
+    )
+    assert draws(point) == 3

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from simadmit.cli.main import app
 from simadmit.config.errors import InputError
-from simadmit.study.dimensions import parse_dimension
+from simadmit.config.schema import GpuSecondsSpec
+from simadmit.study.dimensions import default_dimensions, parse_dimension
 from simadmit.study.search import SearchConfig, optimize
 from simadmit.study.slo import parse_slo
 from simadmit.study.targets import utilization_targets
@@ -228,3 +229,26 @@ def test_utilization_target_interval_is_the_uncertainty_of_the_crossing() -> Non
     one, runs = _synthetic_sweep(noise_p99=0.6, seeds=1)
     (o,) = utilization_targets(one, slo, "interactive", runs).itertuples()
     assert math.isnan(o.ci_low) and math.isnan(o.ci95)
+
+
+def test_a_gpu_seconds_policy_on_its_default_budgets_searches_a_budget_per_tier_of_the_workload(
+    tmp_path: Path,
+) -> None:
+    """The policy's default budgets name `interactive` and `batch`; a workload with one tier `only` gets
+    one budget searched, for `only`, around the default budget (not `batch`, which it lacks), and the
+    whole search runs."""
+    doc = yaml.safe_load(mmc_scenario(tmp_path, duration_s=200).read_text())
+    doc["policies"] = [{"kind": "gpu_seconds"}]
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    dims = default_dimensions(doc, path, "gpu_seconds", per_gpu=False)
+    budgets = [d for d in dims if ".budgets_s." in d.path]
+    default = GpuSecondsSpec.model_fields["default_budget_s"].default
+    assert [(d.path, d.lo, d.hi) for d in budgets] == [
+        ("policies.gpu_seconds.budgets_s.only", default / 4, default * 4)
+    ]
+    args = ["optimize", str(path), "--slo", "all.queue_wait_mean<=1s", "--rounds", "1", "--candidates", "2",
+            "--jobs", "1", "--out", str(tmp_path / "o")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "budgets_s.only = " in result.output and "batch" not in result.output

@@ -66,7 +66,9 @@ def default_dimensions(document: dict, source: Path, policy: str, per_gpu: bool)
     """The knobs of one policy, over a range around the scenario's values; replicas only per GPU.
 
     More replicas always buy goodput and a shorter poll interval always helps, so replicas are searched
-    only for a per-GPU objective and the poll interval only when named with --search.
+    only for a per-GPU objective and the poll interval only when named with --search. A wait budget is
+    searched for each of the workload's tiers (its own, or the policy's default): the policy's defaults
+    name tiers a scenario need not have.
     """
     spec = scenario_from_dict(document, source)
     world = build_world(spec, source.parent)
@@ -77,8 +79,9 @@ def default_dimensions(document: dict, source: Path, policy: str, per_gpu: bool)
         pool_max = p.max_pool_gpu_seconds or default_max_pool_gpu_s(gpus, p.budgets_s, p.default_budget_s)
         dims.append(Dimension(f"policies.{policy}.headroom", 0.5, 1.0, False))
         dims.append(Dimension(f"policies.{policy}.max_pool_gpu_seconds", pool_max / 4, pool_max * 4, False))
+        budgets = {t.name: p.budgets_s.get(t.name, p.default_budget_s) for t in spec.workload.tiers}
         dims += [
-            Dimension(f"policies.{policy}.budgets_s.{t}", b / 4, b * 4, False) for t, b in p.budgets_s.items()
+            Dimension(f"policies.{policy}.budgets_s.{t}", b / 4, b * 4, False) for t, b in budgets.items()
         ]
     elif isinstance(p, QueueDepthSpec):
         dims.append(Dimension(f"policies.{policy}.max_queued", 1, max(4, 4 * p.max_queued), True))

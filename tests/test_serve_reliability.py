@@ -5,6 +5,7 @@ own stale views of the same backends, and the snapshot rule on its own."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from pathlib import Path
 
@@ -183,9 +184,12 @@ def test_backend_that_stops_answering_is_cut_off_and_rejoins(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("on_stale", ["unavailable", "last_known"])
-def test_stale_metrics_are_treated_as_the_scenario_says(tmp_path: Path, on_stale: str) -> None:
+def test_stale_metrics_are_treated_as_the_scenario_says(
+    tmp_path: Path, on_stale: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Only /metrics goes silent, requests are still served: `unavailable` cuts the backend off (its request
-    ends with a 503, new ones get pool_exhausted); `last_known` keeps routing to it on its last gauges."""
+    ends with a 503, new ones get pool_exhausted); `last_known` keeps routing to it on its last gauges. The
+    operator is told once when it goes stale, and once when it answers again."""
 
     async def main() -> None:
         fake = FakeVllm()
@@ -210,7 +214,13 @@ def test_stale_metrics_are_treated_as_the_scenario_says(tmp_path: Path, on_stale
             await until(lambda: not backend.stale)
             assert (await client.post("/v1/completions", json=completion())).status_code == 200
 
-    run(main())
+    with caplog.at_level(logging.WARNING, logger="simadmit.gateway"):
+        run(main())
+    said = [r.getMessage() for r in caplog.records if r.name == "simadmit.gateway"]
+    then = "unavailable, its requests cut off" if on_stale == "unavailable" else "kept on its last gauges"
+    assert len(said) == 2, said
+    assert "/metrics not answering" in said[0] and said[0].endswith(then), said
+    assert "answers /metrics again" in said[1], said
 
 
 def test_backend_refusing_connections_gets_503_and_no_more_work(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ so a bad argument prints one line and exits with code 2 before anything listens.
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -91,6 +92,7 @@ def gateway(
             else ""
         )
     )
+    logging.basicConfig(format="simadmit gateway: %(message)s", level=logging.WARNING)
     # on SIGTERM, requests in flight get 25 s to finish: inside Kubernetes' default 30 s grace period
     config = uvicorn.Config(
         server.app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=25

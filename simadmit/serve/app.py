@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -57,6 +58,7 @@ from simadmit.serve.settings import ServeSettings
 from simadmit.serve.telemetry import GatewayMetrics
 from simadmit.serve.upstream import Exchange, Failure, Head
 
+log = logging.getLogger("simadmit.gateway")  # backends leaving and rejoining, for the operator
 NO_BACKEND_RETRY_S = 5.0  # Retry-After when a pool has no backend taking work
 MIN_POLL_S = 0.05  # poll_interval_s 0 (live views) polls this often and refreshes before every decision
 PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
@@ -172,9 +174,25 @@ class GatewayServer:
             try:
                 response = await self.poll_client.get(f"{backend.url}/metrics")
                 response.raise_for_status()
-                pool.polled(backend, parse_poll(response.text), self.now())
-            except (httpx.HTTPError, ValueError):
-                pool.poll_failed(backend, self.now(), stale_after)
+                if pool.polled(backend, parse_poll(response.text), self.now()):
+                    log.warning(
+                        "backend %s of pool %s answers /metrics again: back in service",
+                        backend.url,
+                        pool.name,
+                    )
+            except (httpx.HTTPError, ValueError) as e:
+                if pool.poll_failed(backend, self.now(), stale_after):
+                    then = (
+                        "kept on its last gauges" if pool.keep_stale else "unavailable, its requests cut off"
+                    )
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    log.warning(
+                        "backend %s of pool %s: /metrics not answering (%s): %s",
+                        backend.url,
+                        pool.name,
+                        why,
+                        then,
+                    )
             self.refresh(p)
             await asyncio.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
 

@@ -153,8 +153,10 @@ class LivePool(PoolBooks):
             return True
         return False
 
-    def polled(self, backend: Backend, poll: EngineGauges | Poll, now: float) -> None:
-        """A poll of `backend` answered: take its gauges; a refused or stale backend rejoins."""
+    def polled(self, backend: Backend, poll: EngineGauges | Poll, now: float) -> bool:
+        """A poll of `backend` answered: take its gauges; a refused or stale backend rejoins. True when it
+        was stale."""
+        rejoined = backend.stale
         if isinstance(poll, Poll):
             backend.kv_capacity = poll.kv_capacity
             backend.prompt_tokens_total = poll.prompt_tokens_total
@@ -166,14 +168,17 @@ class LivePool(PoolBooks):
         backend.refused_until_poll = False
         backend.stale = False
         backend.count_others(gauges.running, gauges.waiting)
+        return rejoined
 
-    def poll_failed(self, backend: Backend, now: float, stale_after_s: float) -> None:
+    def poll_failed(self, backend: Backend, now: float, stale_after_s: float) -> bool:
         """A poll of `backend` did not answer: once silent for `stale_after_s` it is stale, and unless the
-        scenario keeps stale backends its in-flight requests are cut off."""
-        if now - backend.polled_ok_at >= stale_after_s and not backend.stale:
-            backend.stale = True
-            if not self.keep_stale:
-                self.cut_off(backend)
+        scenario keeps stale backends its in-flight requests are cut off. True when it has just gone stale."""
+        if now - backend.polled_ok_at < stale_after_s or backend.stale:
+            return False
+        backend.stale = True
+        if not self.keep_stale:
+            self.cut_off(backend)
+        return True
 
     def refused(self, backend: Backend) -> None:
         """A request to `backend` could not connect: no more work for it until a poll answers."""

@@ -244,6 +244,18 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
     ),
     Case(
+        "trace-length-rules-under-by-share",  # ran, the rules silently ignored
+        _trace_workload(tiers={"by": "share", "rules": [{"tier": "t", "above": 100}]}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.tiers: rules apply with by: length only, not by: share",
+    ),
+    Case(
+        "trace-tier-names-under-by-length",
+        _trace_workload(tiers={"by": "length", "names": {"gold": "t"}}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.tiers: names apply with by: column only, not by: length",
+    ),
+    Case(
         "trace-tier-column-by-its-own-name",  # "the trace has no column 'class'" (it has), no file named
         _trace_workload(
             "trace.csv",

@@ -283,7 +283,18 @@ class TraceTiersSpec(Spec):
     rules: list[LengthRuleSpec] = Field(default_factory=list, description="by: length; the first match wins")
     column: str = Field(default="tier", description="by: column")
     names: dict[str, str] = Field(default_factory=dict, description="by: column; trace value -> tier name")
-    default: str | None = None
+    default: str | None = Field(
+        default=None, description="rows no rule or name matches (by: length: the first tier)"
+    )
+
+    @model_validator(mode="after")
+    def _settings_of_its_kind(self) -> TraceTiersSpec:
+        """Rules or names under another `by` would silently never apply."""
+        if self.rules and self.by != "length":
+            raise ValueError(f"rules apply with by: length only, not by: {self.by}")
+        if self.names and self.by != "column":
+            raise ValueError(f"names apply with by: column only, not by: {self.by}")
+        return self
 
 
 class MaxTokensSpec(Spec):

@@ -244,6 +244,11 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
     ),
     Case(
+        "backoff-base-above-its-cap",  # ran, every wait the cap
+        _set("clients.backoff", {"base_s": 100, "cap_s": 1}),
+        fragment="scenario.yaml: clients.backoff: base_s (100 s) above cap_s (1 s): every wait would be cap_s",
+    ),
+    Case(
         "trace-length-rules-under-by-share",  # ran, the rules silently ignored
         _trace_workload(tiers={"by": "share", "rules": [{"tier": "t", "above": 100}]}),
         files={"trace.csv": AZURE_OK},

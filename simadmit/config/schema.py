@@ -278,6 +278,14 @@ class BackoffSpec(Spec):
         "decorrelated: min(cap, U(base, 3 x previous wait))",
     )
 
+    @model_validator(mode="after")
+    def _base_within_cap(self) -> BackoffSpec:
+        if self.base_s > self.cap_s:  # every wait would be the cap: surely not what was meant
+            raise ValueError(
+                f"base_s ({self.base_s:g} s) above cap_s ({self.cap_s:g} s): every wait would be cap_s"
+            )
+        return self
+
 
 class RetryBudgetSpec(Spec):
     ratio: float = Field(gt=0, description="retries allowed per first attempt (0.2 = at most 20% extra load)")

@@ -244,6 +244,14 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.tiers: the trace yields tiers ['gold'] that workload.tiers lacks",
     ),
     Case(
+        "thousands-of-tiers",  # ran for minutes: a summary row per tier
+        _set(
+            "workload.tiers",
+            [{"name": f"t{i}", "prompt_tokens": {"kind": "fixed", "value": 10}} for i in range(1001)],
+        ),
+        fragment="scenario.yaml: workload.tiers: List should have at most 1000 items after validation, not 1001",
+    ),
+    Case(
         "backoff-base-above-its-cap",  # ran, every wait the cap
         _set("clients.backoff", {"base_s": 100, "cap_s": 1}),
         fragment="scenario.yaml: clients.backoff: base_s (100 s) above cap_s (1 s): every wait would be cap_s",

@@ -91,6 +91,7 @@ MAX_SECONDS = 1_000_000.0  # ~11.6 days: longer times are typos, and would stret
 MAX_VALUE = 10_000_000.0  # a distribution's scale: tokens up to MAX_TOKENS, seconds up to MAX_SECONDS
 MAX_GPUS_PER_REPLICA = 1024  # a pool's or a profile's: a larger replica is a typo
 MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma shape draws without end)
+MAX_TIERS = 1000  # classes of service, not tenants (map API keys to tiers): every table has a row per tier
 MAX_SHARE = 1e12  # tier shares are normalised: a larger one is a typo (and their sum could overflow)
 MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows
 
@@ -385,7 +386,7 @@ class WorkloadSpec(Spec):
     duration_s: float | None = Field(default=None, gt=0, description=f"at most {MAX_SECONDS:g} s")
     requests: int | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are left out of the summary")
-    tiers: list[TierSpec] = Field(min_length=1)
+    tiers: list[TierSpec] = Field(min_length=1, max_length=MAX_TIERS)
 
     @field_validator("rate_rps")
     @classmethod

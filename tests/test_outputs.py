@@ -4,6 +4,7 @@ looks complete; readers refuse a folder whose manifest is missing or disagrees w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -62,6 +63,19 @@ def test_a_failed_first_write_leaves_no_folder(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="Input/output error"):
         write_folder(out, {"a.json": lambda p: p.write_text("{}"), "b.parquet": boom}, {"partial": False})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_run_folder_has_the_mode_any_new_folder_gets(tmp_path: Path, umask: int) -> None:
+    """Written through a private temporary folder, the run folder still ends with the permissions the
+    user's umask gives a new folder (shared under 022, private under 077), and the umask is left as it was."""
+    before = os.umask(umask)
+    try:
+        write_folder(tmp_path / "run", {"a.json": lambda p: p.write_text("{}")}, {"partial": False})
+        assert os.umask(umask) == umask
+    finally:
+        os.umask(before)
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_plot_refuses_an_incomplete_folder(tmp_path: Path) -> None:

@@ -149,9 +149,20 @@ def _scratch(out: Path) -> Path:
     """A new temporary folder beside `out` (same file system, so its files move in atomically)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+        tmp.chmod(
+            0o777 & ~_umask()
+        )  # mkdtemp's is private; the run folder it becomes is shared as any mkdir's
+        return tmp
     except OSError as e:
         raise _failed(out, e) from None
+
+
+def _umask() -> int:
+    """The process's file-mode creation mask (reading it means setting it: put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, object]) -> None:

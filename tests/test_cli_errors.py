@@ -1060,6 +1060,11 @@ SIM_CASES = [
         fragment="--set: workload.rate_rps=: no value after '='",
     ),
     Case(
+        "set-time-of-day-number",  # YAML 1.1's base 60: silently 90 s
+        args=("--set", "workload.duration_s=1:30"),
+        fragment="error: --set: workload.duration_s: Input should be a valid number",
+    ),
+    Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},
@@ -1432,7 +1437,18 @@ COMMAND_CASES = [
             fragment=f"--param: workload.rate_rps={value}: {message}",
         )
         for what, value, message in (
-            ("range-end-not-a-number", "1e:2:3", "a range is lo:hi:n, two finite numbers and a whole number"),
+            (
+                "range-end-not-a-number",
+                "1e:2:3",
+                "a range is lo:hi:n (finite numbers with lo <= hi, n whole)",
+            ),
+            ("range-of-four-parts", "1:2:3:4", "a range is lo:hi:n"),  # ran 223,384 req/s (YAML base 60)
+            ("range-of-five-parts", "1:2:3:4:5", "a range is lo:hi:n"),  # blamed ok.yaml's duration_s
+            (
+                "range-high-below-low",
+                "1:0.5:3",
+                "a range is lo:hi:n (finite numbers with lo <= hi",
+            ),  # ran; --search refuses it
             ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
             ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
             ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
@@ -1874,6 +1890,16 @@ COMMAND_CASES = [
         fragment="error: --profile 'p=': no profile given (a file or a bundled name)",
     ),
     CommandCase(
+        "scenario-time-of-day-number",  # YAML 1.1's base 60: a run of 90 s
+        ("simulate", "{in}/base-60.yaml", "--out", "{tmp}/o"),
+        fragment="base-60.yaml: workload.duration_s: Input should be a valid number",
+    ),
+    CommandCase(
+        "sweep-values-of-time-of-day",  # YAML 1.1's base 60: 90 and 120 req/s
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1:30,2:00", "--out", "{tmp}/s"),
+        fragment="--param workload.rate_rps: {in}/ok.yaml: workload.rate_rps: Input should be a valid number",
+    ),
+    CommandCase(
         "gateway-binary-profile",
         ("gateway", "--backend", "{refused}", "--profile", "{in}/binary.yaml"),
         fragment="binary.yaml: not a text file",
@@ -2098,6 +2124,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "batch-tier.yaml").write_text(text.replace("name: interactive", "name: batch"))
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
+    (root / "base-60.yaml").write_text(text.replace("duration_s: 4", "duration_s: 1:30"))
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})
     )

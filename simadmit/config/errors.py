@@ -130,11 +130,21 @@ def _whole_number_text(value: object) -> int | None:
     return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
+_INT, _FLOAT, _STR = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "str"))
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """`yaml.SafeLoader`, refusing a key given twice in one mapping (YAML would keep the last silently),
     a value its explicit tag cannot take (`!!int tiny`) as a YAML error at its line, where PyYAML's
     constructors raise a bare ValueError, KeyError or AttributeError, and the tags whose values no field
-    takes as written (`!!binary`: bytes the schema would read as text; `!!set`: a list in no set order)."""
+    takes as written (`!!binary`: bytes the schema would read as text; `!!set`: a list in no set order);
+    a plain value with a colon (`1:30`) is text, not YAML 1.1's base-60 number (90), which no user means."""
+
+    def resolve(self, kind: type[yaml.Node], value: str, implicit: tuple[bool, bool]) -> str:
+        tag = super().resolve(kind, value, implicit)
+        if kind is yaml.ScalarNode and tag in (_INT, _FLOAT) and ":" in value:
+            return _STR
+        return tag
 
     def construct_refused(self, node: yaml.Node) -> object:
         tag = node.tag.removeprefix("tag:yaml.org,2002:")

@@ -21,6 +21,7 @@ from simadmit.config.loading import scenario_from_dict
 from simadmit.config.overrides import list_index, lookup
 from simadmit.config.schema import GpuSecondsSpec, QueueDepthSpec, policy_name
 from simadmit.sim.world import build_world
+from simadmit.study.grid import RANGE_ENDS, range_ends
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,12 @@ def parse_dimension(text: str) -> Dimension:
     """`path=lo:hi`; integers when both ends are written as integers."""
     path, sep, raw = text.partition("=")
     ends = raw.split(":")
-    try:
-        lo, hi = float(ends[0]), float(ends[1])
-    except (ValueError, IndexError):
-        lo = hi = math.nan
-    if not sep or len(ends) != 2 or not lo <= hi or not math.isfinite(hi - lo):
+    limits = range_ends(*ends) if len(ends) == 2 else None
+    if not sep or limits is None:
         raise InputError(
-            [
-                problem(
-                    "--search",
-                    text,
-                    "expected path=lo:hi, finite numbers with lo <= hi, e.g. pools.0.replicas=1:16",
-                )
-            ]
+            [problem("--search", text, f"expected path=lo:hi, {RANGE_ENDS}, e.g. pools.0.replicas=1:16")]
         )
+    lo, hi = limits
     return Dimension(path.strip(), lo, hi, "." not in raw and "e" not in raw.lower())
 
 

@@ -28,7 +28,7 @@ from simadmit.config.loading import load_scenario, scenario_from_dict, trace_ref
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
 
-_RANGE = re.compile(r"^([^,:\[\]{}'\"]*):([^,:\[\]{}'\"]*)(?::([^,:\[\]{}'\"]*))?$")  # lo:hi:n, or 1:4
+_RANGE = re.compile(r"^[^,\[\]{}'\"]*:[^,\[\]{}'\"]*$")  # lo:hi:n, or a range mistyped (1:4, 1:2:3:4)
 _MAX_PROBLEMS = 20
 MAX_POINTS = 10_000  # a grid larger than this is a typo (1:2:1000000000), not a study that could finish
 
@@ -102,6 +102,19 @@ def _tidy(value: float) -> float | int:
     return float(f"{value:.10g}")
 
 
+RANGE_ENDS = "finite numbers with lo <= hi"
+
+
+def range_ends(lo: str, hi: str) -> tuple[float, float] | None:
+    """The ends of a range written `lo:hi` (a sweep's `--param`, optimize's `--search`): finite numbers,
+    lo <= hi, and hi - lo finite too, since values are spaced across it; None when they are not."""
+    try:
+        ends = float(lo), float(hi)
+    except ValueError:
+        return None
+    return ends if ends[0] <= ends[1] and math.isfinite(ends[1] - ends[0]) else None
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -120,24 +133,22 @@ def parse_param(text: str) -> Param:
     path = path.strip()
     if not sep or not path or not raw.strip():
         raise InputError([problem("--param", text, "expected path=lo:hi:n or path=a,b,c")])
-    m = _RANGE.match(raw)
-    if m and (m.group(3) is not None or _is_number(m.group(1))):
-        # never read as YAML, where 1:2:2.5 and 1:4 are base-60 numbers (3722.5 and 64)
-        ends, count = m.group(1, 2), (m.group(3) or "").strip()
-        try:
-            lo, hi = float(ends[0]), float(ends[1])
-        except ValueError:
-            lo = hi = math.nan
-        if not (math.isfinite(lo) and math.isfinite(hi) and count.isdigit()):
+    parts = raw.split(":")
+    if _RANGE.match(raw) and (len(parts) == 3 or _is_number(parts[0])):
+        # a range, or one mistyped (1:4, 1:2:3:4): its forms said, where YAML would read it as one text
+        ends = range_ends(*parts[:2]) if len(parts) == 3 else None
+        count = parts[2].strip() if ends is not None else ""
+        if ends is None or not count.isdigit():
             raise InputError(
                 [
                     problem(
                         "--param",
                         text,
-                        "a range is lo:hi:n, two finite numbers and a whole number, e.g. 1:4:7",
+                        f"a range is lo:hi:n ({RANGE_ENDS}, n whole), e.g. 1:4:7; or values a,b,c",
                     )
                 ]
             )
+        lo, hi = ends
         n = int(count)
         if n < 1 or (n == 1 and lo != hi):
             raise InputError([problem("--param", text, "a range needs at least 2 values (lo:hi:n, n >= 2)")])
@@ -147,7 +158,7 @@ def parse_param(text: str) -> Param:
             )
         step = (hi - lo) / (n - 1) if n > 1 else 0.0
         values: list[object] = [_tidy(lo + i * step) for i in range(n)]
-        if all(float(x).is_integer() for x in (*ends, step)) and "." not in raw:
+        if all(x.is_integer() for x in (lo, hi, step)) and "." not in raw:
             values = [int(v) for v in values]  # type: ignore[call-overload]
         _distinct(text, values)
         return Param(path, tuple(values))

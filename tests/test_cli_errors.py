@@ -1064,6 +1064,25 @@ SIM_CASES = [
         args=("--set", "workload.duration_s=1:30"),
         fragment="error: --set: workload.duration_s: Input should be a valid number",
     ),
+    *(  # each blamed the scenario file: "scenario.yaml: polices: unknown field"
+        Case(
+            f"set-{what}",
+            args=("--set", assignment),
+            scenario_text=scenario,
+            fragment=f"error: --set: {message}",
+        )
+        for what, assignment, scenario, message in (
+            ("unknown-section", "polices.gpu_seconds.headroom=0.8", "default", "polices: unknown field"),
+            ("unknown-subsection", "gateway.htttp.max_body_bytes=5", None, "gateway.htttp: unknown field"),
+            ("unknown-top-level-path", "nosuch.x=1", None, "nosuch: unknown field"),
+            (
+                "kind-without-its-fields",
+                "workload.arrival.kind=gamma",
+                "default",
+                "workload.arrival.cv: required",
+            ),
+        )
+    ),
     Case(
         "trace-parquet-list-cells",  # a traceback: a list cell compared with "" element by element
         _trace_workload("trace.parquet", "mapped", columns=MAPPED),
@@ -1936,7 +1955,8 @@ COMMAND_CASES = [
             "--port",
             "{busy}",
         ),
-        fragment="ok.yaml: gateway.http: tier_header, deadline_header and elapsed_header must be different",
+        # gateway.http is a mapping --set created, and the clash is of the header it wrote
+        fragment="--set: gateway.http: tier_header, deadline_header and elapsed_header must be different",
     ),
     CommandCase(
         "gateway-tokenizer-not-found",

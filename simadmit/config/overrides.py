@@ -71,9 +71,11 @@ def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]
 def override(
     document: dict[str, object], overrides: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
-    """`apply_overrides`, with the field each path set as validation names it, list elements by index
-    (`workload.tiers.interactive.share` sets `workload.tiers.0.share`): a problem at or below one of
-    them is the override's, not the file's."""
+    """`apply_overrides`, with the field each path wrote as validation names it, list elements by index
+    (`workload.tiers.interactive.share` writes `workload.tiers.0.share`): a problem at or below one of
+    them is the override's, not the file's. A path also writes the first mapping it created
+    (`polices.gpu_seconds.headroom` writes `polices`), and a `kind` the mapping it is in, since a
+    new kind takes other fields (`workload.arrival.kind=gamma` writes `workload.arrival`)."""
     document = copy.deepcopy(document)
     fields = []
     paths = list(overrides)
@@ -87,6 +89,7 @@ def override(
         if "" in keys:
             raise InputError([problem("--set", dotted, "a path has no empty part: write a.b.c")])
         written = []
+        created = None  # how many keys of the path lead to the first mapping it created
         for depth, key in enumerate(keys):
             last = depth == len(keys) - 1
             written.append(key)
@@ -103,12 +106,15 @@ def override(
                 if last:
                     node[key] = copy.deepcopy(value)
                 else:
+                    created = depth + 1 if created is None and key not in node else created
                     node = node.setdefault(key, {})
             else:
                 raise InputError(
                     [problem("--set", dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")]
                 )
-        fields.append(".".join(written))
+        if created is None and len(keys) > 1 and keys[-1] == "kind":
+            created = len(keys) - 1
+        fields.append(".".join(written[:created]))
     return document, fields
 
 

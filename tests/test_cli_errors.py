@@ -1909,6 +1909,11 @@ COMMAND_CASES = [
         fragment="error: --profile 'p=': no profile given (a file or a bundled name)",
     ),
     CommandCase(
+        "gateway-profile-not-found",  # "--set: pools.0.profile: ...", an option not given
+        ("gateway", "--backend", "{refused}", "--scenario", "{in}/ok.yaml", "--profile", "nope.yaml"),
+        fragment="error: --profile: pools.0.profile: profile 'nope.yaml' not found",
+    ),
+    CommandCase(
         "scenario-time-of-day-number",  # YAML 1.1's base 60: a run of 90 s
         ("simulate", "{in}/base-60.yaml", "--out", "{tmp}/o"),
         fragment="base-60.yaml: workload.duration_s: Input should be a valid number",

@@ -72,8 +72,9 @@ def gateway(
         # the gateway draws no workload: a trace the scenario replays need not be on this machine
         spec, base = load_scenario(path, overrides, workload_traces=False)
         if profile:
-            overrides |= profile_overrides(profile, [p.name for p in spec.pools])
-            spec, base = load_scenario(path, overrides, workload_traces=False)
+            profiles = profile_overrides(profile, [p.name for p in spec.pools])
+            given_by = dict.fromkeys(profiles, "--profile")
+            spec, base = load_scenario(path, overrides | profiles, workload_traces=False, given_by=given_by)
         settings = serve_settings(spec, base, backend, policy, path)
         host = host.removeprefix("[").removesuffix("]")  # [::1], as an IPv6 address is written in a URL
         if not host.strip():  # the socket would take "" for every address: an unset variable, not a choice

@@ -10,7 +10,7 @@ so a bad variant is reported before anything runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -37,13 +37,18 @@ from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, Trace
 
 
 def load_scenario(
-    path: str | Path, overrides: dict[str, object] | None = None, workload_traces: bool = True
+    path: str | Path,
+    overrides: dict[str, object] | None = None,
+    workload_traces: bool = True,
+    given_by: Mapping[str, str] | None = None,
 ) -> tuple[ScenarioSpec, Path]:
     """Read, validate and return a scenario with the directory its relative paths are resolved against;
-    `overrides` are the command's `--set` assignments."""
+    `overrides` are the command's assignments, a problem they cause named by their option: `--set`, or
+    the one `given_by` names for a path (`{"pools.0.profile": "--profile"}`)."""
     path = Path(path)
     data = read_mapping(path, "scenario")
-    return scenario_from_dict(data, path, overrides, workload_traces, set_by="--set"), path.parent
+    set_by = {p: (given_by or {}).get(p, "--set") for p in overrides or {}}
+    return scenario_from_dict(data, path, overrides, workload_traces, set_by), path.parent
 
 
 def load_scenario_fields(path: str | Path) -> ScenarioSpec:
@@ -59,21 +64,23 @@ def scenario_from_dict(
     source: str | Path | None = None,
     overrides: dict[str, object] | None = None,
     workload_traces: bool = True,
-    set_by: str | None = None,
+    set_by: Mapping[str, str] | None = None,
 ) -> ScenarioSpec:
     """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first.
 
     `workload_traces=False` leaves the workload's trace files unchecked (and their paths as written), for
     a caller that never draws the workload (the live gateway); the pools' own traces are always checked.
-    With `set_by` (`--set`), a problem with a field the overrides wrote is reported against it, not
-    against `source`; without, against `source` (a caller that names the override itself, a sweep point).
+    With `set_by`, the option each override was given by (`--set`), a problem with a field an override
+    wrote is reported against its option, not against `source`; without, against `source` (a caller that
+    names the override itself, a sweep point).
     """
     data, written = override(data, overrides or {})
+    options = [(w, (set_by or {}).get(path)) for w, path in zip(written, overrides or {}, strict=True)]
 
     def origin(field: str) -> str | Path | None:
         """Where `field` was written: by an override of it or of a mapping or list above it, or in the file."""
-        mine = any(field == w or field.startswith(f"{w}.") for w in written)
-        return set_by if set_by is not None and mine else source
+        by = [o for w, o in options if o is not None and (field == w or field.startswith(f"{w}."))]
+        return by[-1] if by else source
 
     spec = _validate(data, source, origin)
     for i, variant in enumerate(spec.variants):

@@ -30,6 +30,7 @@ import yaml
 from simadmit.calibrate.measurements import COLUMNS
 from simadmit.config.errors import InputError
 from simadmit.config.profile import StepTimeModel
+from simadmit.config.resources import resolve_profile, resolve_scenario, resolve_trace
 from simadmit.serve.inbound import COMPLETIONS, ClientError, parse_body
 from tests.fake_vllm import FakeVllm
 
@@ -2231,6 +2232,40 @@ def test_a_link_leading_nowhere_is_named_as_such(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     result = simadmit("simulate", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o2"))
     assert_outcome(result, 2, "trace 'trace.csv' not found: a link to a missing file or a loop of links")
+
+
+def _not_searchable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`Path.is_file` as Python 3.11 answers for a file in a folder of mode 000 (as a user: root may search
+    any folder): a PermissionError, not False."""
+    is_file = Path.is_file
+
+    def denied(self: Path) -> bool:
+        if folder in self.parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", denied)
+
+
+@pytest.mark.parametrize(
+    "resolve",
+    [
+        lambda folder: resolve_scenario(folder / "f.yaml"),
+        lambda folder: resolve_profile("locked/f.yaml", folder.parent),
+        lambda folder: resolve_trace("locked/f.yaml", folder.parent),
+    ],
+    ids=["scenario", "profile", "trace"],
+)
+def test_a_file_in_a_folder_that_cannot_be_searched(
+    resolve: Callable[[Path], object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scenario, profile or trace in a folder of mode 000 is the line of a file that cannot be read, not
+    the PermissionError traceback `Path.is_file` raised."""
+    folder = tmp_path / "locked"
+    _not_searchable(monkeypatch, folder)
+    with pytest.raises(InputError) as err:
+        resolve(folder)
+    assert err.value.problems == [f"{folder / 'f.yaml'}: cannot read it (Permission denied)"]
 
 
 def test_input_error_crosses_process_boundaries_whole() -> None:

@@ -208,6 +208,11 @@ def not_found(path: Path, what: str) -> str:
     return f"{what} not found"
 
 
+def unreadable(e: OSError) -> str:
+    """Why a file that is there cannot be read, as every reader says so: `cannot read it (Permission denied)`."""
+    return f"cannot read it ({e.strerror or e})"
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """Parse a YAML file, or raise `InputError`: not found, a folder, not text, or the line that is not YAML."""
     path = Path(path)
@@ -221,7 +226,7 @@ def read_yaml(path: str | Path, what: str) -> object:
     except UnicodeDecodeError as e:
         raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
     except OSError as e:
-        raise InputError([problem(path, None, f"cannot read it ({e.strerror or e})")]) from None
+        raise InputError([problem(path, None, unreadable(e))]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, problem, unreadable
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 TRACE_SUFFIXES = {
@@ -42,7 +42,7 @@ def resolve_scenario(ref: Path | None) -> Path:
     """A scenario argument: a file, or the name of a bundled scenario (`azure_replay`), or the default."""
     if ref is None:
         return default_scenario()
-    if ref.is_file():
+    if _is_file(ref):
         return ref
     name = ref.name if ref.suffix in (".yaml", ".yml") else f"{ref.name}.yaml"
     return (bundled("scenarios", name) if len(ref.parts) == 1 else None) or ref
@@ -51,7 +51,7 @@ def resolve_scenario(ref: Path | None) -> Path:
 def resolve_profile(ref: str, base: Path) -> Path | None:
     """A profile reference: a path (relative to the scenario's folder) or a bundled profile name."""
     path = Path(ref) if Path(ref).is_absolute() else base / ref
-    if path.is_file():
+    if _is_file(path):
         return path
     name = ref if ref.endswith((".yaml", ".yml")) else f"{ref}.yaml"
     return bundled("calibration", Path(name).name)
@@ -60,12 +60,21 @@ def resolve_profile(ref: str, base: Path) -> Path | None:
 def resolve_trace(ref: str, base: Path) -> Path | None:
     """A trace reference: a path (relative to the scenario's folder) or a bundled trace name."""
     path = Path(ref) if Path(ref).is_absolute() else base / ref
-    if path.is_file():
+    if _is_file(path):
         return path
     try:
         return bundled_trace(ref)
     except InputError:
         return None
+
+
+def _is_file(path: Path) -> bool:
+    """`path.is_file()`, with a folder on the way that may not be searched (mode 000) as the file that cannot
+    be read (`InputError`), where Python raises `PermissionError`."""
+    try:
+        return path.is_file()
+    except PermissionError as e:
+        raise InputError([problem(path, None, unreadable(e))]) from None
 
 
 def bundled_trace(name: str) -> Path:

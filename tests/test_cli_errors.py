@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -1622,6 +1623,11 @@ COMMAND_CASES = [
         fragment="older-run/requests.parquet: no column 'decision', which plot draws from",
     ),
     CommandCase(
+        "plot-a-table-overwritten-in-place",  # its size as the manifest says, junk inside: a traceback
+        ("plot", "{in}/overwritten"),
+        fragment="overwritten/requests.parquet: not a requests table (Could not open Parquet input source",
+    ),
+    CommandCase(
         "plot-folder-without-manifest",
         ("plot", "{in}/damaged"),
         fragment="damaged: incomplete folder: no manifest.json",
@@ -2170,6 +2176,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         )
         assert ran.returncode == 0, ran.stderr
     (root / "link-to-sim").symlink_to(root / "sim")
+    shutil.copytree(root / "sim", root / "overwritten")
+    junk = root / "overwritten" / "requests.parquet"
+    junk.write_bytes(b"\xff" * junk.stat().st_size)
     (root / "damaged-manifest").mkdir()
     for table in ("requests.parquet", "timeseries.parquet", "summary.json"):
         (root / "damaged-manifest" / table).write_bytes((root / "sim" / table).read_bytes())

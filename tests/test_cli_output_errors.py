@@ -86,6 +86,40 @@ def test_out_without_permission(tmp_path: Path, command: str) -> None:
     assert list(locked.iterdir()) == []
 
 
+def _denied(args: tuple[str, ...], line: str) -> None:
+    """Run the command obeying file permissions: exit 2 and this one line, no traceback."""
+    result = subprocess.run([*_bound_by_permissions(), *console_command(), *args], capture_output=True, text=True,
+                            env=env(), timeout=300, check=False)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert result.stderr.strip() == f"error: {line}", output
+
+
+@pytest.mark.parametrize(("command", "locked"), [("compare", "manifest.json"), ("plot", "requests.parquet")])
+def test_a_run_file_without_permission(tmp_path: Path, command: str, locked: str) -> None:
+    """A run's file of mode 000 is one line naming it (`compare` named requests.parquet for its manifest,
+    `plot` was a traceback)."""
+    scenario, folder = tmp_path / "s.yaml", tmp_path / "run"
+    scenario.write_text(yaml.safe_dump(scenario_doc()))
+    assert run("simulate", str(scenario), "--out", str(folder)).returncode == 0
+    (folder / locked).chmod(0)
+    args = ("compare", str(folder), str(folder)) if command == "compare" else ("plot", str(folder))
+    _denied(args, f"{folder / locked}: cannot read it (Permission denied)")
+
+
+def test_a_scenario_in_a_folder_without_permission(tmp_path: Path) -> None:
+    """A scenario in a folder of mode 000: the line of a file that cannot be read, not a PermissionError."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "s.yaml").write_text(yaml.safe_dump(scenario_doc()))
+    locked.chmod(0)
+    try:
+        _denied(("simulate", str(locked / "s.yaml"), "--out", str(tmp_path / "run")),
+                f"{locked / 's.yaml'}: cannot read it (Permission denied)")  # fmt: skip
+    finally:
+        locked.chmod(0o755)
+
+
 def _on_a_full_disk(tmp_path: Path, kilobytes: int, script: str) -> subprocess.CompletedProcess[str]:
     """Run a shell script with `$FULL` a folder on a tmpfs of this size (in a mount namespace of its own,
     gone when the script ends); skip where mounting is not allowed."""

@@ -36,6 +36,7 @@ from simadmit.results.run_folder import (
     check_destination,
     held_run,
     interrupted_note,
+    not_a_table,
     write_text,
 )
 
@@ -269,14 +270,7 @@ def _runs(folder: Path, policy: str | None, when_several: bool = False) -> list[
     try:
         return load_runs(folder, policy, when_several=when_several)
     except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
-        why = str(e).split(". ")[0]
-        raise InputError(
-            [
-                problem(
-                    folder / "requests.parquet", None, f"not a requests table of simulate or replay ({why})"
-                )
-            ]
-        ) from None
+        raise not_a_table(folder / "requests.parquet", "a requests table of simulate or replay", e) from None
 
 
 def _checked_warmup(warmup: object, runs: list[Run], scenario: Path | None) -> float:

@@ -6,6 +6,7 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 
@@ -209,8 +210,9 @@ def not_found(path: Path, what: str) -> str:
 
 
 def unreadable(e: OSError) -> str:
-    """Why a file that is there cannot be read, as every reader says so: `cannot read it (Permission denied)`."""
-    return f"cannot read it ({e.strerror or e})"
+    """Why a file that is there cannot be read, as every reader says so: `cannot read it (Permission denied)`
+    (the system's words for its error number: pyarrow's strerror is a whole message naming the file again)."""
+    return f"cannot read it ({os.strerror(e.errno) if e.errno else e})"
 
 
 def read_yaml(path: str | Path, what: str) -> object:

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from simadmit.config.errors import InputError, problem
 from simadmit.results.curves import curves
-from simadmit.results.run_folder import FIGURES, Writer, add_files, read_manifest
+from simadmit.results.run_folder import FIGURES, Writer, add_files, read_manifest, read_table
 
 _COLORS = {"unconditional": "#d62728", "queue_depth": "#ff7f0e", "gpu_seconds": "#1f77b4"}
 _OTHER = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -236,8 +236,9 @@ def plot_directory(
 @contextmanager
 def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
     """The table at `path`, for the figures drawn from it in the block: a column they need that it lacks
-    (a table of another kind, or written by an older simadmit) is an `InputError` naming the table."""
-    table = pd.read_parquet(path)
+    (a table of another kind, or written by an older simadmit), or a file that holds no table it can read,
+    is an `InputError` naming the table."""
+    table = read_table(path, f"a {path.stem} table")
     try:
         yield table
     except KeyError as e:
@@ -253,6 +254,6 @@ def _run_tiers(directory: Path) -> set[str]:
     """The tiers of the run in `directory` (a sweep's, else a run's requests'), without `all` and pools."""
     for name in ("sweep.parquet", "requests.parquet"):
         if (directory / name).is_file():
-            tiers = pd.read_parquet(directory / name, columns=["tier"])["tier"].astype(str)
+            tiers = read_table(directory / name, f"a {Path(name).stem} table", ["tier"])["tier"].astype(str)
             return {t for t in tiers.unique() if t != "all" and not t.startswith("pool:")}
     return set()

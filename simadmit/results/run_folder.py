@@ -19,7 +19,9 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from simadmit.config.errors import InputError, problem
+import pandas as pd
+
+from simadmit.config.errors import InputError, problem, unreadable
 
 MANIFEST = "manifest.json"
 DAMAGED = "damaged"  # what `held_run` calls a folder whose manifest cannot be read: a run of unknown kind
@@ -200,7 +202,11 @@ def read_manifest(directory: Path) -> dict[str, object]:
         raise InputError([problem(directory, None, f"incomplete folder: no {MANIFEST} (written last, once every "
                                   "file is complete); run the command that writes it again")])  # fmt: skip
     try:
-        manifest = json.loads(path.read_text())
+        text = path.read_text()
+    except OSError as e:
+        raise InputError([problem(path, None, unreadable(e))]) from None
+    try:
+        manifest = json.loads(text)
         sizes = dict(manifest["files"])
     except (ValueError, KeyError, TypeError):
         raise InputError([problem(path, None, "not a valid manifest")]) from None
@@ -211,6 +217,23 @@ def read_manifest(directory: Path) -> dict[str, object]:
             found = "missing" if actual is None else f"{actual} bytes, the manifest says {size}"
             raise InputError([problem(directory, None, f"incomplete folder: {name} is {found}")])
     return dict(manifest)
+
+
+def read_table(path: Path, what: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """The Parquet table at `path`; one that cannot be read is an `InputError` naming it (`not_a_table`)."""
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except (OSError, ValueError) as e:  # pyarrow's "not a Parquet file" is a ValueError
+        raise not_a_table(path, what, e) from None
+
+
+def not_a_table(path: Path, what: str, e: OSError | ValueError) -> InputError:
+    """Why the table at `path` was not read as `what` (`a requests table`): a file the system refuses
+    (permission denied), or one that holds no such table (damaged, another kind of file: a manifest's sizes
+    still match a file overwritten in place), with the reader's first sentence."""
+    if isinstance(e, OSError) and e.errno:
+        return InputError([problem(path, None, unreadable(e))])
+    return InputError([problem(path, None, f"not {what} ({str(e).split('. ')[0]})")])
 
 
 def _write_manifest(folder: Path, names: list[str], manifest: dict[str, object]) -> None:

@@ -120,6 +120,26 @@ def test_a_scenario_in_a_folder_without_permission(tmp_path: Path) -> None:
         locked.chmod(0o755)
 
 
+def test_a_sweep_whose_points_cannot_be_written(tmp_path: Path) -> None:
+    """A sweep's points folder of mode 555: one line naming it (it was a PermissionError traceback once the
+    first new point finished), and the points saved before are kept."""
+    scenario, out = tmp_path / "s.yaml", tmp_path / "sweep"
+    scenario.write_text(yaml.safe_dump(scenario_doc()))
+    sweep = ("sweep", str(scenario), "--jobs", "1", "--out", str(out), "--param")
+    assert run(*sweep, "workload.rate_rps=10").returncode == 0
+    saved = {p.name: p.read_bytes() for p in (out / "points").iterdir()}
+    (out / "points").chmod(0o555)
+    result = subprocess.run([*_bound_by_permissions(), *console_command(), *sweep, "workload.rate_rps=10,20"],
+                            capture_output=True, text=True, env=env(), timeout=300, check=False)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {out / 'points'}: could not write the outputs (Permission denied); the runs saved so far are "
+        "kept: run the same command to resume"
+    ], output
+    assert {p.name: p.read_bytes() for p in (out / "points").iterdir()} == saved
+
+
 def _on_a_full_disk(tmp_path: Path, kilobytes: int, script: str) -> subprocess.CompletedProcess[str]:
     """Run a shell script with `$FULL` a folder on a tmpfs of this size (in a mount namespace of its own,
     gone when the script ends); skip where mounting is not allowed."""

@@ -127,7 +127,7 @@ def write_folder(out: Path, files: Mapping[str, Writer], manifest: dict[str, obj
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
-            raise _failed(out, e) from None
+            raise write_failed(out, e) from None
         raise
 
 
@@ -142,7 +142,7 @@ def add_files(out: Path, files: Mapping[str, Writer]) -> None:
         for name in files:
             os.replace(tmp / name, out / name)
     except OSError as e:
-        raise _failed(out, e) from None
+        raise write_failed(out, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -157,7 +157,7 @@ def _scratch(out: Path) -> Path:
         )  # mkdtemp's is private; the run folder it becomes is shared as any mkdir's
         return tmp
     except OSError as e:
-        raise _failed(out, e) from None
+        raise write_failed(out, e) from None
 
 
 def _umask() -> int:
@@ -179,10 +179,10 @@ def update_in_place(out: Path, files: Mapping[str, Writer], manifest: dict[str, 
             for figure in (f for n in FIGURES for ext in (".png", ".svg") for f in out.glob(n + ext)):
                 figure.unlink()
         for name, write in files.items():
-            _replace(out / name, write)
+            replace_file(out / name, write)
         _write_manifest(out, list(files), manifest)
     except OSError as e:
-        raise _failed(out, e, "its tables are not marked complete until a run writes them all") from None
+        raise write_failed(out, e, "its tables are not marked complete until a run writes them all") from None
 
 
 def interrupted_note(directory: Path) -> str | None:
@@ -239,10 +239,11 @@ def not_a_table(path: Path, what: str, e: OSError | ValueError) -> InputError:
 def _write_manifest(folder: Path, names: list[str], manifest: dict[str, object]) -> None:
     doc = {**manifest, "files": {n: (folder / n).stat().st_size for n in names}}
     text = json.dumps(doc, indent=2, allow_nan=True) + "\n"
-    _replace(folder / MANIFEST, lambda p: write_text(p, text))
+    replace_file(folder / MANIFEST, lambda p: write_text(p, text))
 
 
-def _replace(path: Path, write: Writer) -> None:
+def replace_file(path: Path, write: Writer) -> None:
+    """Write a file through a temporary one beside it, renamed into place: never half a file at `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
@@ -267,7 +268,8 @@ def _swap(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _failed(out: Path, e: OSError, note: str = "the folder is as it was") -> InputError:
+def write_failed(out: Path, e: OSError, note: str = "the folder is as it was") -> InputError:
+    """The one line for outputs that could not be written in `out`, with what became of it (`note`)."""
     return InputError([problem(out, None, f"could not write the outputs ({e.strerror or e}); {note}")])
 
 

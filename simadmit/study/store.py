@@ -10,8 +10,11 @@ as everything here can be recomputed. Keys come from
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from simadmit.results.run_folder import replace_file, write_failed, write_text
+
+KEPT = "the runs saved so far are kept: run the same command to resume"
 
 
 class PointStore:
@@ -19,7 +22,10 @@ class PointStore:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory / "points"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_failed(self.directory, e, KEPT) from None
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
@@ -28,9 +34,13 @@ class PointStore:
         return self.get(key) is not None
 
     def save(self, key: str, record: dict) -> None:
-        tmp = self.directory / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record, allow_nan=True))
-        os.replace(tmp, self.path(key))
+        """Save one unit; a folder it cannot be written in (permission denied, a full disk) is an `InputError`
+        naming it, the units saved before kept."""
+        text = json.dumps(record, allow_nan=True)
+        try:
+            replace_file(self.path(key), lambda p: write_text(p, text))
+        except OSError as e:
+            raise write_failed(self.directory, e, KEPT) from None
 
     def load(self, key: str) -> dict:
         record = self.get(key)

@@ -152,9 +152,8 @@ def _scratch(out: Path) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
-        tmp.chmod(
-            0o777 & ~_umask()
-        )  # mkdtemp's is private; the run folder it becomes is shared as any mkdir's
+        # mkdtemp's folder is private; the run folder it becomes is shared as any mkdir's
+        tmp.chmod(0o777 & ~_umask())
         return tmp
     except OSError as e:
         raise write_failed(out, e) from None

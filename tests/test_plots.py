@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -131,3 +132,19 @@ def test_plot_command_writes_png_and_svg(sweep_dir: Path, run_dir: Path, tmp_pat
     assert bundled.exit_code == 0, bundled.output
     empty = runner.invoke(app, ["plot", str(tmp_path)])
     assert empty.exit_code == 2 and "nothing" not in empty.output and "no sweep.parquet" in empty.output
+
+
+@pytest.mark.parametrize(
+    "record", ["not json", '{"tier_slo": [1, 2]}', '{"slo": {}}', '{"tier_slo": {"a": 3}}']
+)
+def test_a_sweep_record_overwritten_in_place(sweep_dir: Path, tmp_path: Path, record: str) -> None:
+    """sweep.json overwritten at its own size (so the manifest's sizes still match) with something that is
+    not the tiers' SLOs: one line naming the file and field, exit 2, no figure (it was a traceback)."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, folder, ignore=shutil.ignore_patterns("*.png", "*.svg"))
+    meta = folder / "sweep.json"
+    meta.write_text(record.ljust(meta.stat().st_size))
+    result = runner.invoke(app, ["plot", str(folder)])
+    assert result.exit_code == 2, result.output
+    assert f"{meta}: tier_slo: not a sweep's record" in " ".join(result.output.split())
+    assert not list(folder.glob("*.png"))

@@ -25,7 +25,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, problem, unreadable
 from simadmit.results.curves import curves
 from simadmit.results.run_folder import FIGURES, Writer, add_files, read_manifest, read_table
 
@@ -213,8 +213,7 @@ def plot_directory(
         raise InputError([problem(slo_source, "workload.tiers", f"{why}: no SLA line would be drawn")])
     figures: dict[str, Writer] = {}
     if (directory / "sweep.parquet").is_file():
-        meta = directory / "sweep.json"
-        slo = slo or (json.loads(meta.read_text())["tier_slo"] if meta.is_file() else {})
+        slo = slo or _sweep_slo(directory / "sweep.json")
         with _drawn_from(directory / "sweep.parquet") as table:
             tiers = pd.unique(table.dropna(subset=["ttft_p99_s"])["tier"])  # not the per-pool groups
             for tier in [t for t in tiers if t != "all"] + ["all"]:
@@ -248,6 +247,25 @@ def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
             f"no column {column!r}, which plot draws from (a table of another kind, or of an older simadmit)"
         )
         raise InputError([problem(path, None, f"{why}: run the command that writes it again")]) from None
+
+
+def _sweep_slo(meta: Path) -> dict[str, dict[str, float]]:
+    """The tiers' SLOs a sweep recorded beside its table (none without the file); one that cannot be read
+    as tier -> {measure: seconds} (edited, or overwritten in place at the same size) is an `InputError`
+    naming it."""
+    if not meta.is_file():
+        return {}
+    try:
+        recorded = json.loads(meta.read_text())["tier_slo"]
+        return {
+            str(tier): {str(k): float(v) for k, v in measures.items() if v is not None}
+            for tier, measures in recorded.items()
+        }
+    except OSError as e:
+        raise InputError([problem(meta, None, unreadable(e))]) from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        why = "not a sweep's record of its tiers' SLOs (tier -> {ttft_s, e2e_s})"
+        raise InputError([problem(meta, "tier_slo", f"{why}: run the sweep again")]) from None
 
 
 def _run_tiers(directory: Path) -> set[str]:

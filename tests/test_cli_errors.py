@@ -259,6 +259,12 @@ SIM_CASES = [
         fragment="scenario.yaml: clients.backoff: base_s (100 s) above cap_s (1 s): every wait would be cap_s",
     ),
     Case(
+        "slo-end-before-first-token",  # ran, the TTFT target never binding: the two swapped
+        _set("workload.tiers.0.slo", {"ttft_s": 10, "e2e_s": 2}),
+        fragment="scenario.yaml: workload.tiers.0.slo: e2e_s (2 s) under ttft_s (10 s): a request ends after "
+        "its first token, so ttft_s could never bind",
+    ),
+    Case(
         "trace-length-rules-under-by-share",  # ran, the rules silently ignored
         _trace_workload(tiers={"by": "share", "rules": [{"tier": "t", "above": 100}]}),
         files={"trace.csv": AZURE_OK},

@@ -7,6 +7,7 @@ model is frozen and forbids unknown fields, so a misspelled key is reported rath
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Annotated, Literal
@@ -324,6 +325,15 @@ class SLOSpec(Spec):
     e2e_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="end-to-end latency counted as good"
     )
+
+    @model_validator(mode="after")
+    def _end_after_first_token(self) -> SLOSpec:
+        if self.e2e_s < self.ttft_s < math.inf:  # the end comes after the first token: surely the two swapped
+            raise ValueError(
+                f"e2e_s ({self.e2e_s:g} s) under ttft_s ({self.ttft_s:g} s): a request ends after its first "
+                "token, so ttft_s could never bind"
+            )
+        return self
 
 
 class TierSpec(Spec):

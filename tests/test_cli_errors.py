@@ -2291,6 +2291,18 @@ def test_input_error_crosses_process_boundaries_whole() -> None:
     assert copied.problems == error.problems and str(copied) == str(error)
 
 
+@pytest.mark.parametrize("command", ["simulate", "sweep", "optimize"])
+def test_a_scenario_of_megabytes_is_refused_before_it_is_parsed(command: str, tmp_path: Path) -> None:
+    """A valid scenario padded past 1 MiB (a data file passed as the scenario: parsing 2 MB of YAML took
+    16 s): one line naming the file and its size, exit 2, whichever command reads it."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "# padding\n" * 120_000)
+    extra = {"sweep": ("--param", "workload.rate_rps=1,2"), "optimize": ("--slo", "interactive.ttft_p99<=3s")}
+    result = simadmit(command, str(path), "--out", str(tmp_path / "o"), *extra.get(command, ()))
+    assert_outcome(result, 2, f"{path}: 1.1 MiB, over the 1 MiB read as a scenario")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_sweep_reads_its_scenario_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     """A tier named `café` in a UTF-8 scenario: `sweep` read the file a second time in the locale's encoding
     (a UnicodeDecodeError traceback in an ASCII locale, the name garbled in a Latin-1 one)."""

@@ -17,6 +17,7 @@ from rich.text import Text
 from simadmit.config.defaults import DEFAULT_ENGINE_KIND
 
 SPECIAL = "is not a regular file (a device, pipe or socket)"  # what exists, is no folder, and no file
+MAX_YAML_BYTES = 2**20  # a scenario or profile is kilobytes; the parser reads ~130 KB/s, so 1 MiB is ~8 s
 TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
 
 
@@ -223,6 +224,9 @@ def read_yaml(path: str | Path, what: str) -> object:
     if not path.is_file():
         raise InputError([problem(path, None, not_found(path, f"{what} file"))])
     try:
+        if (size := path.stat().st_size) > MAX_YAML_BYTES:  # a trace or data file given by mistake
+            why = f"{size / 2**20:.1f} MiB, over the {MAX_YAML_BYTES // 2**20} MiB read as a {what}"
+            raise InputError([problem(path, None, f"{why}: a {what} is kilobytes of YAML (a data file?)")])
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
         return load_yaml_text(text)
     except UnicodeDecodeError as e:

@@ -29,6 +29,7 @@ class FakeVllm:
         self.hanging = False  # requests and /metrics never answer
         self.metrics_silent = False  # only /metrics never answers
         self.stall_after: int | None = None  # streams stop after this many tokens, until cancelled
+        self.token_interval_s = 0.0  # a stream's pause between tokens
         self.reported: tuple[float, float] | None = None  # set: /metrics reports this (running, waiting)
         self.kv_blocks = 1000  # vllm:cache_config_info: 1,000 blocks of 16 tokens
         self.prompt_tokens = 0  # vllm:prompt_tokens_total: prompt tokens of every request received
@@ -157,7 +158,7 @@ class FakeVllm:
                     "usage": None,
                 }
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-                await asyncio.sleep(0)
+                await asyncio.sleep(self.token_interval_s)
             if include_usage:
                 final = {"id": "cmpl-1", "choices": [], "usage": usage}
                 yield b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"

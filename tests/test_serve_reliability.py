@@ -223,6 +223,27 @@ def test_stale_metrics_are_treated_as_the_scenario_says(
     assert "answers /metrics again" in said[1], said
 
 
+def test_a_backend_streaming_answers_is_not_stale_while_its_metrics_are_silent(tmp_path: Path) -> None:
+    """/metrics goes silent while a stream runs twice `stale_after_s` (vLLM's API server too busy to
+    answer it, its engine serving): the stream ends whole with a 200 (it was cut off with a 503), and the
+    backend goes stale once nothing has come from it for `stale_after_s`, and rejoins when polls answer."""
+
+    async def main() -> None:
+        fake = FakeVllm(output_tokens=40)
+        fake.token_interval_s = 0.1  # 4 s of tokens, against 2 s of silence to be stale
+        async with stack(tmp_path, [fake], gateway__http__stale_after_s=2.0) as (server, client):
+            backend = server.pools[0].backends[0]
+            fake.metrics_silent = True
+            r = await client.post("/v1/completions", json=completion(stream=True))
+            assert r.status_code == 200 and r.text.count('"text":"t') == 40, r.text[-300:]
+            assert not backend.stale
+            await until(lambda: backend.stale, timeout_s=30)  # polls time out after 2 s: stale at the first
+            fake.metrics_silent = False
+            await until(lambda: not backend.stale)
+
+    run(main())
+
+
 def test_backend_refusing_connections_gets_503_and_no_more_work(tmp_path: Path) -> None:
     """A backend that is gone (connection refused) fails the request routed to it with a 503 and takes no
     more work until a poll of it answers; the other backend serves the rest."""

@@ -190,7 +190,9 @@ class GatewayHttpSpec(Spec):
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="longest wait to connect to a backend")
     stale_after_s: float = Field(
-        default=3.0, gt=0, description="a backend's /metrics unanswered this long counts as stale"
+        default=3.0,
+        gt=0,
+        description="a backend's /metrics unanswered this long, with no answer streaming from it, counts as stale",
     )
     on_stale: Literal["unavailable", "last_known"] = Field(
         default="unavailable",

@@ -347,6 +347,7 @@ class GatewayServer:
             self.client, backend.url + PATHS[body.route], body.body, body.stream, self.learn,
             partial(self.finished, pool, backend, req, estimate),
             partial(self.answering, pool, backend, req, admitted_s, body.stream),
+            partial(self.heard_from, backend),
         )  # fmt: skip
         backend.aborters.add(exchange.abort)
         pool.flights[req.id] = Flight(req, backend, estimate, exchange, int(body.route == CHAT))
@@ -391,6 +392,9 @@ class GatewayServer:
         pool.answering(backend, req.prompt_tokens, req.tier)
         if streamed:
             self.gateway.observe_first_token(req, admitted_s, self.now())
+
+    def heard_from(self, backend: Backend) -> None:
+        backend.heard_at = self.now()
 
     def finished(
         self, pool: LivePool, backend: Backend, req: Request, estimate: float, exchange: Exchange

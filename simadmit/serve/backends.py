@@ -15,9 +15,9 @@ streamed shows no progress until it ends, and other gateways' requests none at a
 per-request progress): both count in full, as under `work: admitted`.
 
 A backend is unavailable (no work, no GPUs in the snapshot) while a request to it has just failed to
-connect, until a poll answers again; when its `/metrics` has not answered for `stale_after_s`, the scenario's
-`on_stale` says whether it is unavailable (and its in-flight requests are cut off with a 503) or kept on its
-last known gauges.
+connect, until a poll answers again; when its `/metrics` has not answered for `stale_after_s`, and no answer
+has streamed from it either, the scenario's `on_stale` says whether it is unavailable (and its in-flight
+requests are cut off with a 503) or kept on its last known gauges.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ class Backend(ReplicaBooks):
     source: str = ""  # the DNS name it was found through, if any
     gauges: EngineGauges = EngineGauges(0.0, 0.0, 0.0)
     polled_ok_at: float = float("-inf")  # gateway clock of the last poll that answered
+    heard_at: float = float("-inf")  # gateway clock of the last piece of an answer it streamed back
     refused_until_poll: bool = False  # a request failed to connect: unavailable until a poll answers
-    stale: bool = False  # /metrics unanswered for stale_after_s
+    stale: bool = False  # /metrics unanswered, and no answer streaming from it, for stale_after_s
     kv_capacity: int = 0  # KV-cache tokens its /metrics publishes (0: not published)
     prompt_tokens_total: int = 0  # vllm:prompt_tokens_total at the last poll
     retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
@@ -172,8 +173,10 @@ class LivePool(PoolBooks):
 
     def poll_failed(self, backend: Backend, now: float, stale_after_s: float) -> bool:
         """A poll of `backend` did not answer: once silent for `stale_after_s` it is stale, and unless the
-        scenario keeps stale backends its in-flight requests are cut off. True when it has just gone stale."""
-        if now - backend.polled_ok_at < stale_after_s or backend.stale:
+        scenario keeps stale backends its in-flight requests are cut off. An answer streaming from it breaks
+        the silence: its API server may be too busy for `/metrics`, but its engine runs, and cutting it off
+        would fail requests that are being served. True when it has just gone stale."""
+        if now - max(backend.polled_ok_at, backend.heard_at) < stale_after_s or backend.stale:
             return False
         backend.stale = True
         if not self.keep_stale:

@@ -67,6 +67,7 @@ class Exchange:
         learn_output: bool,
         on_done: Callable[[Exchange], None],
         on_answer: Callable[[], None] | None = None,
+        on_bytes: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
         self.stream = stream
@@ -87,6 +88,7 @@ class Exchange:
         self.events = 0  # server-sent events with a JSON body streamed back so far
         self.answering = False  # the backend's answer has begun (a stream's first token): it is in its counts
         self.on_answer = on_answer
+        self.on_bytes = on_bytes  # each piece of the answer: the backend is alive, whatever its /metrics says
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.task = asyncio.create_task(self._pump(client))
         self.task.add_done_callback(lambda _t: on_done(self))
@@ -147,6 +149,8 @@ class Exchange:
 
     def _body(self, chunk: bytes) -> None:
         """A piece of the answer's body, to pass on; the first one says the backend has begun answering."""
+        if self.on_bytes is not None:
+            self.on_bytes()
         if not self.answering:
             self.answering = True
             if self.on_answer is not None:

@@ -1685,6 +1685,16 @@ COMMAND_CASES = [
         fragment="--endpoint: 'localhost:8000' is not an http(s) URL",
     ),
     CommandCase(
+        "replay-endpoint-host-idna-cannot-encode",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://\u2603.invalid:8000", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://\u2603.invalid:8000' is not an http(s) URL like http://host:8000 (Invalid IDNA",
+    ),
+    CommandCase(
+        "replay-endpoint-control-character",
+        ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:8000/\x01", "--out", "{tmp}/r"),
+        fragment="--endpoint: 'http://127.0.0.1:8000/\\x01' is not an http(s) URL like http://host:8000",
+    ),
+    CommandCase(
         "replay-endpoint-port-out-of-range",
         ("replay", "{in}/ok.yaml", "--endpoint", "http://127.0.0.1:99999", "--out", "{tmp}/r"),
         fragment="--endpoint: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
@@ -1895,6 +1905,11 @@ COMMAND_CASES = [
         "compare-out-is-a-file",
         ("compare", "{sim}", "{sim}", "--out", "{in}/ok.yaml"),
         fragment="ok.yaml: is a file, not a folder",
+    ),
+    CommandCase(
+        "gateway-backend-host-idna-cannot-encode",
+        ("gateway", "--backend", "http://\u2603.invalid:8000", "--port", "1"),
+        fragment="--backend: 'http://\u2603.invalid:8000' is not an http(s) URL like http://host:8000 (Invalid IDNA",
     ),
     CommandCase(
         "gateway-port-out-of-range",

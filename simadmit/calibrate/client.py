@@ -116,7 +116,7 @@ class Endpoint:
 
 def normalize_base_url(url: str, option: str = "--endpoint") -> str:
     """`http://host:8000/v1/` -> `http://host:8000`; anything that is not an http(s) URL with a host and a
-    port from 1 to 65535 is an `InputError` naming `option`."""
+    port from 1 to 65535, or that httpx cannot send to, is an `InputError` naming `option`."""
     try:
         parts = urlsplit(url.strip())
     except ValueError:  # an IPv6 address without its closing bracket
@@ -131,7 +131,14 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
         raise InputError([problem(None, option, f"{url!r}: the port must be a number from 1 to 65535")])
     path = parts.path.rstrip("/")
     path = path.removesuffix("/v1")
-    return f"{parts.scheme}://{parts.netloc}{path}"
+    base_url = f"{parts.scheme}://{parts.netloc}{path}"
+    try:  # what urlsplit lets through and httpx refuses: a host IDNA cannot encode, a control character
+        httpx.URL(base_url)
+    except httpx.InvalidURL as e:
+        raise InputError(
+            [problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000 ({e})")]
+        ) from None
+    return base_url
 
 
 def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> InputError:

@@ -304,12 +304,16 @@ def test_plot_in_a_folder_it_cannot_write(tmp_path: Path) -> None:
 
 def test_a_damaged_saved_point_is_run_again(tmp_path: Path) -> None:
     """A sweep's saved point that holds no result (emptied, cut short by a copy, edited) was a JSONDecodeError
-    or TypeError traceback on every later run of the sweep; it is run again and its file replaced."""
+    or TypeError traceback on every later run of the sweep (a measure edited to text, a ValueError); it is
+    run again and its file replaced."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(scenario_doc()))
     sweep = ("sweep", str(scenario), "--param", "workload.rate_rps=10,20", "--out", str(tmp_path / "o"))
     assert run(*sweep).returncode == 0
-    for damage in ('{"summ', "", "[]", '{"summary": 3}'):
+    text_measure = (
+        '{"summary": {"unconditional": {"all": {"goodput_rps": "x"}}}, "arrival_rate_rps": {"all": 1}}'
+    )
+    for damage in ('{"summ', "", "[]", '{"summary": 3}', text_measure):
         point = sorted((tmp_path / "o" / "points").glob("*.json"))[0]
         point.write_text(damage)
         result = run(*sweep)

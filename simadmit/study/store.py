@@ -49,12 +49,23 @@ class PointStore:
         return record
 
     def get(self, key: str) -> dict | None:
-        """The saved unit, or None where its file is missing or holds none (not JSON, not a run's record)."""
+        """The saved unit, or None where its file is missing or holds none (not JSON, not a run's record, a
+        measure that is not a number)."""
         try:
             record = json.loads(self.path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         whole = isinstance(record, dict) and all(
-            isinstance(record.get(f), dict) for f in ("summary", "arrival_rate_rps")
+            isinstance(record.get(f), dict) and _numbers(record[f]) for f in ("summary", "arrival_rate_rps")
         )
         return record if whole else None
+
+
+def _numbers(value: object) -> bool:
+    """Whether every value under a saved mapping (through nested mappings and lists) is a number, as a run
+    writes them: a text or null edited in would otherwise fail the table built from it."""
+    if isinstance(value, dict):
+        return all(_numbers(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -148,3 +148,14 @@ def test_a_sweep_record_overwritten_in_place(sweep_dir: Path, tmp_path: Path, re
     assert result.exit_code == 2, result.output
     assert f"{meta}: tier_slo: not a sweep's record" in " ".join(result.output.split())
     assert not list(folder.glob("*.png"))
+
+
+def test_a_sweep_over_mappings_is_plotted(tmp_path: Path) -> None:
+    """A parameter swept over mappings (`--param 'pools.0.engine.tier_priority={interactive: 1},{...}'`)
+    reads back from sweep.parquet as dicts: `plot` was a TypeError traceback (unhashable type: 'dict');
+    each mapping is one curve, labelled by its text."""
+    params = [parse_param("pools.0.engine.tier_priority={interactive: 1},{interactive: 2}")]
+    run_sweep(plan_sweep(short_scenario(tmp_path), params), tmp_path / "out", jobs=1)
+    result = runner.invoke(app, ["plot", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "goodput_vs_load_all.png").is_file()

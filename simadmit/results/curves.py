@@ -8,6 +8,8 @@ concerns.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import pandas as pd
 
 LOAD_AXES = ("workload.rate_multiplier", "workload.rate_rps")
@@ -21,6 +23,7 @@ def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFra
     values are identical runs, and only the first is kept.
     """
     params = [c for c in table.columns if "." in c and c not in LOAD_AXES and not c.endswith("_ci95")]
+    table = table.assign(**{p: table[p].map(_comparable) for p in params})
     out: list[tuple[str, dict[str, object], pd.DataFrame]] = []
     for policy, rows in table.groupby("policy", sort=False):
         mine = [p for p in params if not p.startswith("policies.") or p.split(".")[1] == policy]
@@ -37,3 +40,9 @@ def curves(table: pd.DataFrame) -> list[tuple[str, dict[str, object], pd.DataFra
                 (str(policy), dict(zip(varying, values, strict=True)), part.sort_values("arrival_rate_rps"))
             )
     return out
+
+
+def _comparable(value: object) -> object:
+    """A swept value as curves are told apart by: a mapping or list (`--param 'x={a: 1},{a: 2}'`, read back
+    from the table as a dict or an array) by its text, as a value that cannot be grouped by."""
+    return value if isinstance(value, Hashable) else str(value)

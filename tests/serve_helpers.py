@@ -82,12 +82,18 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 @contextlib.asynccontextmanager
 async def stack(
-    tmp_path: Path, fakes: list[FakeVllm], extra_urls: tuple[str, ...] = (), **changes: Any
+    tmp_path: Path,
+    fakes: list[FakeVllm],
+    extra_urls: tuple[str, ...] = (),
+    userinfo: str = "",
+    **changes: Any,
 ) -> AsyncIterator[tuple[GatewayServer, httpx.AsyncClient]]:
     """Fake backends (and `extra_urls`), a gateway in front of them, and a client to the gateway; yields
-    once every fake backend has been polled."""
+    once every fake backend has been polled. `userinfo` (`user:key@`) goes into the fakes' URLs."""
     async with contextlib.AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(serving(f.app)) for f in fakes]
+        urls = [
+            (await stack.enter_async_context(serving(f.app))).replace("://", f"://{userinfo}") for f in fakes
+        ]
         server = make_server(tmp_path, urls + list(extra_urls), **changes)
         url = await stack.enter_async_context(serving(server.app))
         client = await stack.enter_async_context(

@@ -244,6 +244,30 @@ def test_a_backend_streaming_answers_is_not_stale_while_its_metrics_are_silent(t
     run(main())
 
 
+def test_a_backends_key_is_never_shown(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A backend addressed as http://user:key@host: the key is in no log line, error body or metric label
+    (the stale message printed the URL whole), while the backend is still named by its host."""
+
+    async def main() -> None:
+        fake = FakeVllm()
+        fake.hold()
+        async with stack(tmp_path, [fake], userinfo="ops:s3cret@") as (server, client):
+            held = asyncio.create_task(client.post("/v1/completions", json=completion()))
+            await until(lambda: fake.running == 1)
+            fake.metrics_silent = True
+            await until(lambda: server.pools[0].backends[0].stale)
+            shown = [(await held).text, (await client.get("/metrics")).text]
+            fake.metrics_silent = False
+            fake.release()
+        shown += [r.getMessage() for r in caplog.records]
+        host = server.pools[0].backends[0].shown
+        assert host.startswith("http://127.0.0.1:") and all("s3cret" not in text for text in shown), shown
+        assert host in shown[0] and host in shown[1] and host in shown[2], shown
+
+    with caplog.at_level(logging.WARNING, logger="simadmit.gateway"):
+        run(main())
+
+
 def test_backend_refusing_connections_gets_503_and_no_more_work(tmp_path: Path) -> None:
     """A backend that is gone (connection refused) fails the request routed to it with a 503 and takes no
     more work until a poll of it answers; the other backend serves the rest."""

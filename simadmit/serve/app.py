@@ -177,7 +177,7 @@ class GatewayServer:
                 if pool.polled(backend, parse_poll(response.text), self.now()):
                     log.warning(
                         "backend %s of pool %s answers /metrics again: back in service",
-                        backend.url,
+                        backend.shown,
                         pool.name,
                     )
             except (httpx.HTTPError, ValueError) as e:
@@ -188,7 +188,7 @@ class GatewayServer:
                     why = str(e).splitlines()[0] if str(e) else type(e).__name__
                     log.warning(
                         "backend %s of pool %s: /metrics not answering (%s): %s",
-                        backend.url,
+                        backend.shown,
                         pool.name,
                         why,
                         then,
@@ -408,7 +408,7 @@ class GatewayServer:
         if exchange.client_gone:
             self.metrics.client_gone.inc()
         elif exchange.failure is not None and not exchange.shed:
-            self.metrics.upstream_failures.labels(backend.url, str(exchange.failure.status)).inc()
+            self.metrics.upstream_failures.labels(backend.shown, str(exchange.failure.status)).inc()
         if exchange.completed and exchange.output_tokens is not None:
             self.gateway.observe_completion(req, exchange.output_tokens, self.now(), self.pools.index(pool))
         else:  # a learning policy stops waiting for its length

@@ -31,6 +31,7 @@ from simadmit.admission.estimator import CostEstimator
 from simadmit.admission.gateway import PoolSnapshot
 from simadmit.admission.policies import Request
 from simadmit.admission.published import Gauges, PoolBooks, ReplicaBooks
+from simadmit.calibrate.client import without_credentials
 from simadmit.calibrate.metrics import EngineGauges, parse_cache_config, published_gauges
 from simadmit.serve.discovery import is_discovered
 from simadmit.serve.upstream import Exchange
@@ -77,6 +78,11 @@ class Backend(ReplicaBooks):
     prompt_tokens_total: int = 0  # vllm:prompt_tokens_total at the last poll
     retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
     aborters: set[Callable[[str], None]] = field(default_factory=set)  # cut off its requests, saying why
+
+    @property
+    def shown(self) -> str:
+        """Its URL as logs, metrics and error bodies name it: without a user and key it may carry."""
+        return without_credentials(self.url)
 
 
 @dataclass(eq=False)
@@ -190,7 +196,7 @@ class LivePool(PoolBooks):
     @staticmethod
     def cut_off(backend: Backend) -> None:
         for abort in list(backend.aborters):
-            abort(f"backend {backend.url} stopped answering; the request was cut off")
+            abort(f"backend {backend.shown} stopped answering; the request was cut off")
 
     # --- the snapshot -----------------------------------------------------------------------------------
 

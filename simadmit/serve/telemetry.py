@@ -114,6 +114,6 @@ class GatewayMetrics:
         self.load.labels(name).set(queue_wait_load(view.in_flight_gpu_s, gpus, refused))
         self.available_gpus.labels(name).set(gpus)
         for b in pool.backends:
-            self.backend_up.labels(name, b.url).set(1.0 if pool.takes_work(b) else 0.0)
-            self.backend_requests.labels(name, b.url, "running").set(b.gauges.running)
-            self.backend_requests.labels(name, b.url, "waiting").set(b.gauges.waiting)
+            self.backend_up.labels(name, b.shown).set(1.0 if pool.takes_work(b) else 0.0)
+            self.backend_requests.labels(name, b.shown, "running").set(b.gauges.running)
+            self.backend_requests.labels(name, b.shown, "waiting").set(b.gauges.waiting)

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from simadmit.calibrate.client import without_credentials
+
 
 class Head(NamedTuple):
     status: int
@@ -70,6 +72,7 @@ class Exchange:
         on_bytes: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
+        self.shown = without_credentials(url)  # as error bodies name it
         self.stream = stream
         self.learn_output = learn_output
         self.strip_usage = False
@@ -114,11 +117,11 @@ class Exchange:
                 put(None)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             self.refused = True
-            self._fail(Failure(503, f"backend {self.url} could not be reached: {type(e).__name__}"))
+            self._fail(Failure(503, f"backend {self.shown} could not be reached: {type(e).__name__}"))
         except httpx.TimeoutException:
-            self._fail(Failure(502, f"backend {self.url} stopped answering mid-request (read timeout)"))
+            self._fail(Failure(502, f"backend {self.shown} stopped answering mid-request (read timeout)"))
         except httpx.HTTPError as e:
-            self._fail(Failure(502, f"backend {self.url} broke off its response: {type(e).__name__}: {e}"))
+            self._fail(Failure(502, f"backend {self.shown} broke off its response: {type(e).__name__}: {e}"))
 
     async def _pump_events(self, response: httpx.Response) -> None:
         """Pass server-sent events through one by one, reading the usage chunk's token count."""

@@ -455,6 +455,18 @@ SIM_CASES = [
     ),
     Case("tier-without-a-name", _set("workload.tiers.0.name", ""), fragment="workload.tiers.0.name: String"),
     Case(
+        "api-key-no-header-can-carry",  # ran, the key never matching: the header's value is trimmed
+        _set("gateway.http", {"api_keys": {"sk-ok": "interactive", " sk-padded ": "interactive"}}),
+        fragment="scenario.yaml: gateway.http.api_keys: key 2 of 2 is empty, has spaces at an end or a control "
+        "character: no `Authorization: Bearer KEY` header could carry it",
+        absent="sk-padded",
+    ),
+    Case(
+        "api-key-empty",
+        _set("gateway.http", {"api_keys": {"": "interactive"}}),
+        fragment="scenario.yaml: gateway.http.api_keys: key 1 of 1 is empty",
+    ),
+    Case(
         "api-key-of-unknown-tier",
         _set("gateway.http", {"api_keys": {"sk-secret-1": "gold"}}),
         fragment="gateway.http.api_keys: an API key maps to no tier 'gold' (tiers: interactive)",

@@ -208,6 +208,19 @@ class GatewayHttpSpec(Spec):
             raise ValueError(f"{v!r} is not an HTTP header name (letters, digits and -, no spaces or colons)")
         return v
 
+    @field_validator("api_keys")
+    @classmethod
+    def _sendable_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        """Keys a client can send after `Bearer ` (the header's value is trimmed, and can hold no control
+        character): any other would silently never match. The key itself is a secret: never printed."""
+        for n, key in enumerate(v, 1):
+            if not key or key != key.strip() or not key.isprintable():
+                raise ValueError(
+                    f"key {n} of {len(v)} is empty, has spaces at an end or a control character: no "
+                    "`Authorization: Bearer KEY` header could carry it"
+                )
+        return v
+
     @model_validator(mode="after")
     def _distinct_headers(self) -> GatewayHttpSpec:
         names = [self.tier_header.lower(), self.deadline_header.lower(), self.elapsed_header.lower()]

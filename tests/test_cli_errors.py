@@ -1459,6 +1459,23 @@ COMMAND_CASES = [
         fragment="--param: workload.rate_rps=a:b:3: a range is",  # not an emoji, not markup
     ),
     CommandCase(
+        "sweep-mappings-with-commas",  # split at every comma, the message not saying how else to write them
+        (
+            "sweep",
+            "{in}/ok.yaml",
+            "--param",
+            "pools.0.engine.tier_priority={{a: 1, b: 2}},{{a: 2, b: 1}}",
+            "--out",
+            "{tmp}/s",
+        ),  # fmt: skip
+        fragment="values with commas of their own go in a YAML list, path=[{{a: 1, b: 2}}, ...]",
+    ),
+    CommandCase(
+        "sweep-a-null-value",
+        ("sweep", "{in}/ok.yaml", "--param", "clients.abandon_after_s=null,5", "--out", "{tmp}/s"),
+        fragment="--param: clients.abandon_after_s=null,5: a value is null or empty",
+    ),
+    CommandCase(
         "sweep-unknown-path-said-once",  # the same line once per value
         ("sweep", "{in}/ok.yaml", "--param", "workload.bogus=1,2,3", "--out", "{tmp}/s"),
         fragment="--param workload.bogus: {in}/ok.yaml: workload.bogus: unknown field",

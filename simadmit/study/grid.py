@@ -169,10 +169,17 @@ def parse_param(text: str) -> Param:
             else [load_yaml_text(v) for v in raw.split(",")]
         )
     except yaml.YAMLError as e:
-        raise InputError([problem("--param", text, f"values are {not_yaml(e)}")]) from None
+        # a comma inside a mapping or list also splits a comma-separated list: the YAML list form does not
+        hint = (
+            ": values with commas of their own go in a YAML list, path=[{a: 1, b: 2}, ...]"
+            if "{" in raw
+            else ""
+        )
+        raise InputError([problem("--param", text, f"values are {not_yaml(e)}{hint}")]) from None
     values = parsed if isinstance(parsed, list) else [parsed]
     if not values or any(v is None for v in values):
-        raise InputError([problem("--param", text, "empty value")])
+        why = "a value is null or empty (an empty field cannot be swept: leave it out of the grid)"
+        raise InputError([problem("--param", text, why)])
     _distinct(text, values)
     return Param(path, tuple(values))
 

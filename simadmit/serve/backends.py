@@ -22,6 +22,7 @@ requests are cut off with a 503) or kept on its last known gauges.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -79,9 +80,10 @@ class Backend(ReplicaBooks):
     retired: bool = False  # no longer in its DNS name: no new work, leaves once its requests end
     aborters: set[Callable[[str], None]] = field(default_factory=set)  # cut off its requests, saying why
 
-    @property
+    @functools.cached_property
     def shown(self) -> str:
-        """Its URL as logs, metrics and error bodies name it: without a user and key it may carry."""
+        """Its URL as logs, metrics and error bodies name it: without a user and key it may carry. Worked
+        out once: the metrics name it at every poll."""
         return without_credentials(self.url)
 
 

@@ -72,7 +72,6 @@ class Exchange:
         on_bytes: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
-        self.shown = without_credentials(url)  # as error bodies name it
         self.stream = stream
         self.learn_output = learn_output
         self.strip_usage = False
@@ -161,6 +160,12 @@ class Exchange:
         if self.stream:  # an event cut across two chunks goes uncounted: the work left looks larger
             self.events += chunk.count(b"data: {")
         self.queue.put_nowait(chunk)
+
+    @property
+    def shown(self) -> str:
+        """The URL as a failure's message names it (without a key): worked out only for a failure, not for
+        every request."""
+        return without_credentials(self.url)
 
     def _fail(self, failure: Failure) -> None:
         if self.failure is None:

@@ -169,7 +169,7 @@ def parse_param(text: str) -> Param:
             else [load_yaml_text(v) for v in raw.split(",")]
         )
     except yaml.YAMLError as e:
-        # a comma inside a mapping or list also splits a comma-separated list: the YAML list form does not
+        # a mapping's own commas split a comma-separated list too: the YAML list form keeps them
         hint = (
             ": values with commas of their own go in a YAML list, path=[{a: 1, b: 2}, ...]"
             if "{" in raw

@@ -46,6 +46,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 
 import pandas as pd
 import yaml
@@ -65,11 +66,13 @@ from simadmit.config.profile import (  # noqa: E402
     StepTimeModel,
     load_profile,
     save_profile,
+    solo_service_s,
     summary_figures,
 )
 from simadmit.config.schema import ScenarioSpec  # noqa: E402
 from simadmit.loadgen.plan import Plan, make_plan  # noqa: E402
 from simadmit.loadgen.run import ReplayConfig, replay  # noqa: E402
+from simadmit.loadgen.sender import AttemptResult  # noqa: E402
 from simadmit.loadgen.tables import write_run  # noqa: E402
 from simadmit.results.compare import Run, compare, load_runs, overall  # noqa: E402
 from simadmit.results.compare_plots import write_cdfs  # noqa: E402
@@ -217,33 +220,116 @@ def capacity(
     return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
 
 
-PROBE = (512, 16)  # prompt and output tokens of the speed probe: a prefill-heavy and a decode part
+# the speed probe: lone requests (prompt, output tokens), a prefill-heavy and a decode part; then a decode
+# batch as loaded points hold (sequences sent at once, prompt, output tokens)
+PROBE = (512, 16)
+DECODE_PROBE = (8, 16, 48)
+# a decode step's parts, which the decode factor scales; the rest is what a prompt adds
+DECODE_TERMS = ("overhead_s", "weights_read_s", "per_decode_seq_s", "per_context_token_s")
 
 
-def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> float:
+@dataclass(frozen=True)
+class Slowdown:
+    """How many times its profile's step costs the server takes, per phase: `decode` on what a decode step is
+    made of (overhead, weights, sequences, context), `prefill` on what a prompt adds (its tokens, their
+    attention). On this CPU the two drift apart (a calibration's rounds: prefill -5%, decode +7%)."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+
+def scaled_step(step: StepTimeModel, by: Slowdown) -> StepTimeModel:
+    """`step` with each cost times its phase's factor."""
+    costs = asdict(step)
+    return StepTimeModel(
+        **{k: v * (by.decode if k in DECODE_TERMS else by.prefill) for k, v in costs.items()}
+    )
+
+
+def slowed(profile: Profile, by: Slowdown | float) -> Profile:
+    """`profile` with its step costs times the slowdown (a number: every cost times it)."""
+    by = by if isinstance(by, Slowdown) else Slowdown(by, by)
+    return replace(profile, step_time=scaled_step(profile.step_time, by))
+
+
+def phase_slowdown(profile: Profile, prefill_s: float, decode_step_s: float) -> Slowdown:
+    """The slowdown under which `profile` takes what the probe measured: a decode step of DECODE_PROBE's batch
+    `decode_step_s` (its mean context: prompt and half the output), then a lone PROBE prompt's prefill
+    `prefill_s`. The decode factor comes first, its parts being in every step; the prefill factor is what the
+    prompt's own terms (its tokens, their attention) need on top: exact while they outweigh the weights' read,
+    as a prompt of PROBE's length does."""
+    n, prompt, output = DECODE_PROBE
+    decode = decode_step_s / profile.step_time.step_time(0, n, n * (prompt + output / 2))
+    budget = profile.engine.max_num_batched_tokens
+    bare = replace(profile.step_time, weights_read_s=0.0)
+    base = solo_service_s(scaled_step(bare, Slowdown(0.0, decode)), budget, PROBE[0])
+    own = solo_service_s(scaled_step(bare, Slowdown(1.0, 0.0)), budget, PROBE[0])
+    return Slowdown((prefill_s - base) / own, decode)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a speed probe read: a lone request's time over the profile's (`speed`, the results' column) and
+    the per-phase slowdown that reproduces its prefill and a decode batch's steps."""
+
+    speed: float
+    slowdown: Slowdown
+
+
+def probe_requests(
+    url: str, profile: Path, work: Path, n: int, prompt: int, output: int
+) -> list[AttemptResult]:
+    """Send `n` requests of these lengths at once to the server and wait for their answers."""
+    doc = scenario(profile, 1000.0, "poisson", 1.0)
+    tier = doc["workload"]["tiers"][0] | {"max_tokens": output, "prompt_tokens": {"kind": "fixed", "value": prompt},
+                                         "output_tokens": {"kind": "fixed", "value": output}}  # fmt: skip
+    doc["workload"] |= {"duration_s": None, "requests": n, "tiers": [tier]}
+    run = replay(
+        make_plan(scenario_from_dict(doc, work / "probe.yaml"), work), ReplayConfig(url), random.Random()
+    )
+    return [a.result for a in run.attempts if a.result.status == "ok"]
+
+
+def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> Probe:
     """How slow the server is now against its profile: the median, over `times` lone requests of PROBE's
-    size sent one after another to the idle server, of measured E2E / the profile's solo service time.
-    Taken after calibrating and before every point, it shows the machine's speed drifting between the two
-    (other jobs on a shared machine, CPU frequency): a simulation can only be as right as this ratio is
+    size sent one after another to the idle server, of measured E2E / the profile's solo service time; and
+    per phase, from those requests' first tokens and from a batch of DECODE_PROBE's sequences decoding
+    together. Taken after calibrating and before every point, it shows the machine's speed drifting between
+    the two (other jobs on a shared machine, CPU frequency): a simulation can only be as right as this is
     steady."""
-    from simadmit.config.profile import load_profile, solo_service_s
-
     prof = load_profile(profile)
     predicted = (
         solo_service_s(prof.step_time, prof.engine.max_num_batched_tokens, *PROBE) + prof.api_latency_s
     )
-    doc = scenario(profile, 1.0, "poisson", 1.0)
-    tier = doc["workload"]["tiers"][0] | {"max_tokens": PROBE[1], "prompt_tokens": {"kind": "fixed", "value": PROBE[0]},
-                                         "output_tokens": {"kind": "fixed", "value": PROBE[1]}}  # fmt: skip
-    doc["workload"] |= {"duration_s": None, "requests": 1, "tiers": [tier]}
-    plan = make_plan(scenario_from_dict(doc, work / "probe.yaml"), work)
-    ratios = []
+    ratios, prefills = [], []
     for _ in range(times):
-        run = replay(plan, ReplayConfig(url), random.Random())
-        done = [a.result for a in run.attempts if a.result.status == "ok"]
-        ratios.extend((r.finish - r.sent) / predicted for r in done)
+        for r in probe_requests(url, profile, work, 1, *PROBE):
+            ratios.append((r.finish - r.sent) / predicted)
+            prefills.append(r.first_token - r.sent - prof.api_latency_s)
         time.sleep(0.5)
-    return float(sorted(ratios)[len(ratios) // 2]) if ratios else float("nan")
+    batch = probe_requests(url, profile, work, *DECODE_PROBE)
+    steps = [(r.finish - r.first_token) / (r.output_tokens - 1) for r in batch if r.output_tokens > 1]
+    if not ratios or not steps:
+        return Probe(float("nan"), Slowdown(float("nan"), float("nan")))
+    return Probe(float(median(ratios)), phase_slowdown(prof, float(median(prefills)), float(median(steps))))
+
+
+def write_probe(folder: Path, probe: Probe, reference: Probe) -> float:
+    """Record a repeat's probe in FOLDER/speed_probe.json: its speed over the `reference` reading (taken after
+    calibrating), and its slowdown per phase against the profile. The relative speed."""
+    speed = probe.speed / reference.speed
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "speed_probe.json").write_text(json.dumps({"speed": speed, **asdict(probe.slowdown)}) + "\n")
+    return speed
+
+
+def read_slowdown(folder: Path, reference: float = 1.0) -> Slowdown:
+    """A repeat's slowdown against the profile from its speed_probe.json: per phase where the probe measured
+    them, else its one speed times `reference` (the reference reading over the calibration's)."""
+    probe = json.loads((folder / "speed_probe.json").read_text())
+    if "prefill" in probe:
+        return Slowdown(float(probe["prefill"]), float(probe["decode"]))
+    return Slowdown(reference * float(probe["speed"]), reference * float(probe["speed"]))
 
 
 @dataclass(frozen=True)
@@ -307,18 +393,12 @@ def real_runs(out: Path, repeats: int) -> list[Run]:
     return [r for k in range(1, repeats + 1) for r in load_runs(out / "real" / f"repeat-{k}", None)]
 
 
-def slowed(profile: Profile, scale: float) -> Profile:
-    """`profile` with every step cost times `scale`."""
-    step = StepTimeModel(**{k: v * scale for k, v in asdict(profile.step_time).items()})
-    return replace(profile, step_time=step)
-
-
 def simulate_replayed(
     point: Path,
     into: Path,
     profile: Path | None = None,
     repeat: int = 1,
-    slower: float = 1.0,
+    slower: Slowdown | float = 1.0,
     replications: int = 1,
     engines: Path | None = None,
 ) -> None:
@@ -326,7 +406,7 @@ def simulate_replayed(
     `profile` if given, else the one it names) into the run folder `into`. The gateways always believe that
     profile, as the live ones did; the engines run on `engines` if given (a profile fitted after the live
     gateways were started, e.g. on calibrations before and after the replays), and with `slower` at that
-    many times its step costs (`benchmarks/fidelity_speed.py`). `replications` > 1: that many draws of the
+    many times its step costs (per phase with a `Slowdown`) (`benchmarks/fidelity_speed.py`). `replications` > 1: that many draws of the
     clients' jitter on the same arrivals (consecutive seeds), for a workload whose clients retry."""
     replayed = point / "real" / f"repeat-{repeat}" / "replayed.yaml"
     doc = yaml.safe_load(replayed.read_text())
@@ -473,7 +553,8 @@ def main() -> None:
         cap = args.capacity or capacity(url, profile, args.out, tiers=tiers)
         print(f"capacity: {cap:.2f} requests/s", flush=True)
         reference = speed_probe(url, profile, args.out)
-        print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
+        print(f"speed probe after calibrating: {reference.speed:.2f} x the profile's solo time, "
+              f"{reference.slowdown}", flush=True)  # fmt: skip
         points = [
             (arrival, load, prepare_point(profile, load * cap, arrival, point_duration(load * cap, args.duration, args.min_requests),
                                           args.out / f"{arrival}-{load:g}", args.seed, tiers))
@@ -483,16 +564,15 @@ def main() -> None:
         probes: dict[Path, list[float]] = {p.out: [] for _, _, p in points}
         for k in range(1, args.repeats + 1):  # round k replays every point once: drift spreads over all
             for arrival, load, point in points:
-                speed = speed_probe(url, profile, args.out) / reference
+                probe = speed_probe(url, profile, args.out)
+                speed = write_probe(point.out / "real" / f"repeat-{k}", probe, reference)
                 probes[point.out].append(speed)
                 print(
-                    f"round {k}: {arrival} at {load:.0%} ({load * cap:.2f} req/s), speed probe {speed:.2f}",
+                    f"round {k}: {arrival} at {load:.0%} ({load * cap:.2f} req/s), speed probe {speed:.2f}, "
+                    f"{probe.slowdown}",
                     flush=True,
                 )
                 replay_repeat(url, point, k)
-                (point.out / "real" / f"repeat-{k}" / "speed_probe.json").write_text(
-                    json.dumps({"speed": speed}) + "\n"
-                )
         simulated_on = profile
         if args.calibrate_after and not args.profile:  # the drift since the first weighs on the model too
             calibrate(url, args.out / "after", args.calibrate_budget, args.calibrate_concurrency)

@@ -10,10 +10,12 @@ in time within the target while the model's shape is unchanged, the error was th
 the model; if no single factor fits, the shape is wrong. Diagnosis only: a profile is never tuned this way.
 
 With `--paired` each real repeat is set against its own request list simulated at the speed probe taken
-just before it (`speed_probe.json`: a lone request's time over the run's reference reading, taken right
-after calibrating): what is left of the error once the machine's speed at that moment is known. A run on
-an earlier calibration (`--profile`) took its reference later: `--reference` gives that reading over the
-one taken after the calibration.
+just before it (`speed_probe.json`): what is left of the error once the machine's speed at that moment is
+known. Where the probe measured each phase against the profile (a lone prompt's prefill, a decode batch's
+steps), the prefill and decode costs are scaled apart, as the machine drifts; an older probe holds one
+speed, a lone request's time over the run's reference reading taken right after calibrating, and a run
+on an earlier calibration (`--profile`) took that reference later: `--reference` gives that reading over
+the one taken after the calibration.
 
     python benchmarks/fidelity_speed.py runs/fidelity --scale 1.0,1.12,1.25
     python benchmarks/fidelity_speed.py runs/gateway-fidelity --paired [--reference 1.1]
@@ -22,7 +24,6 @@ one taken after the calibration.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +33,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity import simulate_replayed  # noqa: E402
+from benchmarks.fidelity import Slowdown, read_slowdown, simulate_replayed  # noqa: E402
 from simadmit.results.compare import compare, load_runs  # noqa: E402
 
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "rejection_rate")
@@ -60,12 +61,12 @@ def cell(measure: str, value: float) -> str:
     return f"{100 * value:+.1f} pt" if measure == "rejection_rate" else f"{100 * value:+.0f}%"
 
 
-def paired(point: Path, reference: float, work: Path) -> tuple[list[float], dict[str, list[float]]]:
-    """Each real repeat of `point` against its own requests simulated at its speed probe (times the run's
-    `reference` reading over the calibration's): the speeds and the errors per key measure, one per repeat."""
+def paired(point: Path, reference: float, work: Path) -> tuple[list[Slowdown], dict[str, list[float]]]:
+    """Each real repeat of `point` against its own requests simulated at its speed probe (`read_slowdown`):
+    the slowdowns and the errors per key measure, one per repeat."""
     speeds, errs = [], {m: [] for m in KEY}
     for folder in sorted((point / "real").glob("repeat-*"), key=lambda d: int(d.name.split("-")[1])):
-        speed = reference * float(json.loads((folder / "speed_probe.json").read_text())["speed"])
+        speed = read_slowdown(folder, reference)
         out = work / point.name / folder.name
         simulate_replayed(point, out, repeat=int(folder.name.split("-")[1]), slower=speed)
         speeds.append(speed)
@@ -75,7 +76,9 @@ def paired(point: Path, reference: float, work: Path) -> tuple[list[float], dict
 
 
 def print_paired(points: list[Path], reference: float) -> None:
-    print("| point | speeds | " + " | ".join(f"{m}: mean error (range)" for m in KEY) + " |")
+    print(
+        "| point | prefill / decode slowdowns | " + " | ".join(f"{m}: mean error (range)" for m in KEY) + " |"
+    )
     print("|---|---|" + "---|" * len(KEY))
     with tempfile.TemporaryDirectory() as tmp:
         for point in points:
@@ -84,7 +87,8 @@ def print_paired(points: list[Path], reference: float) -> None:
                 f"{cell(m, sum(e) / len(e))} ({cell(m, min(e))} to {cell(m, max(e))})"
                 for m, e in errs.items()
             )
-            print(f"| {point.name} | {', '.join(f'{p:.2f}' for p in speeds)} | {cells} |", flush=True)
+            shown = ", ".join(f"{s.prefill:.2f} / {s.decode:.2f}" for s in speeds)
+            print(f"| {point.name} | {shown} | {cells} |", flush=True)
 
 
 def main() -> None:

@@ -73,6 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import (  # noqa: E402
+    Probe,
     bracketed,
     calibrate,
     cpu_model,
@@ -82,6 +83,7 @@ from benchmarks.fidelity import (  # noqa: E402
     speed_probe,
     start_server,
     workload_tiers,
+    write_probe,
 )
 from simadmit.admission.estimator import CostEstimator  # noqa: E402
 from simadmit.admission.published import prior_price  # noqa: E402
@@ -383,7 +385,7 @@ def prepare_point(
     return Planned(out, path, spec, base, make_plan(spec, base), policy, n_gateways)
 
 
-def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: float | None) -> None:
+def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: Probe | None) -> None:
     """Replay the point's request list once through fresh gateways into OUT/real/repeat-k. Before it, the
     speed probe (`benchmarks.fidelity.speed_probe`) over its `reference` reading: a repeat whose probe strays
     from 1 ran on a server faster or slower than the one calibrated, which the latencies (and so the
@@ -393,8 +395,7 @@ def replay_repeat(url: str, profile: Path, point: Planned, k: int, reference: fl
     where.mkdir(parents=True, exist_ok=True)
     speed = math.nan
     if reference is not None:
-        speed = speed_probe(url, profile, point.out) / reference
-        (where / "speed_probe.json").write_text(json.dumps({"speed": speed}) + "\n")
+        speed = write_probe(where, speed_probe(url, profile, point.out), reference)
     with gateways(point.path, url, point.policy, point.n_gateways, where / "logs") as urls:
         cfg = ReplayConfig(urls[0], more_endpoints=tuple(urls[1:]), server=url,
                            metrics_interval_s=POLL_S)  # fmt: skip
@@ -415,7 +416,7 @@ def finish_point(point: Planned, repeats: int, engines: Path | None = None) -> P
 
 
 def run_point(url: str, profile: Path, policy: str, n_gateways: int, rate: float, duration_s: float,
-              repeats: int, out: Path, reference: float | None = None) -> Point:  # fmt: skip
+              repeats: int, out: Path, reference: Probe | None = None) -> Point:  # fmt: skip
     """Replay `repeats` times back to back through fresh gateways (`replay_repeat`), then simulate and
     compare (`finish_point`)."""
     point = prepare_point(profile, policy, n_gateways, rate, duration_s, out)
@@ -537,7 +538,8 @@ def main() -> None:
         cap = args.capacity or capacity(url, profile, args.out, tiers=tiers)
         print(f"capacity: {cap:.2f} requests/s; profile {profile}", flush=True)
         reference = speed_probe(url, profile, args.out)
-        print(f"speed probe after calibrating: {reference:.2f} x the profile's solo time", flush=True)
+        print(f"speed probe after calibrating: {reference.speed:.2f} x the profile's solo time, "
+              f"{reference.slowdown}", flush=True)  # fmt: skip
         latency = args.gateway_latency
         if latency is None:
             latency = gateway_latency(url, profile, args.out)

@@ -11,12 +11,27 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import yaml
 
-from benchmarks.fidelity import fit_together, simulate_replayed, slowed
+from benchmarks.fidelity import (
+    DECODE_PROBE,
+    PROBE,
+    Probe,
+    Slowdown,
+    fit_together,
+    phase_slowdown,
+    read_slowdown,
+    scaled_step,
+    simulate_replayed,
+    slowed,
+    speed_probe,
+    write_probe,
+)
 from benchmarks.gateway_fidelity import scenario
 from simadmit.calibrate.measurements import MeasurementLog, read_measurements
 from simadmit.config.profile import Profile, load_profile, save_profile, solo_service_s
+from tests.fake_vllm import FakeVllm
 from tests.helpers import ROOT
 
 PROFILE = ROOT / "calibration" / "smollm2-135m-cpu.yaml"
@@ -113,3 +128,49 @@ def test_rescaling_draws_the_clients_jitter_as_often_as_the_benchmark_did(tmp_pa
         point / "sim" / "requests.parquet"
     )
     assert draws(point) == 3
+
+
+def _measured_under(profile: Profile, by: Slowdown) -> tuple[float, float]:
+    """What the speed probe would read from a server taking `profile`'s costs times `by`: a lone PROBE
+    prompt's prefill and a DECODE_PROBE batch's step."""
+    n, prompt, output = DECODE_PROBE
+    step = scaled_step(profile.step_time, by)
+    prefill = solo_service_s(step, profile.engine.max_num_batched_tokens, PROBE[0])
+    return prefill, step.step_time(0, n, n * (prompt + output / 2))
+
+
+def test_the_probe_splits_a_known_slowdown_into_its_phases_exactly() -> None:
+    """A server that prefills and decodes at other speeds than calibrated (they drift apart on this CPU): from
+    a lone prompt's prefill and a decode batch's step, `phase_slowdown` recovers each factor to rounding, and
+    the profile slowed by them takes exactly the measured times, a uniform slowdown reading as itself."""
+    profile = load_profile(PROFILE)
+    for truth in (Slowdown(0.95, 1.07), Slowdown(1.3, 0.8), Slowdown(1.12, 1.12)):
+        prefill, decode = _measured_under(profile, truth)
+        found = phase_slowdown(profile, prefill, decode)
+        assert found.prefill == pytest.approx(truth.prefill, rel=1e-9)
+        assert found.decode == pytest.approx(truth.decode, rel=1e-9)
+        assert _measured_under(slowed(profile, found), Slowdown()) == pytest.approx(
+            (prefill, decode), rel=1e-9
+        )
+    assert slowed(profile, 1.12) == slowed(profile, Slowdown(1.12, 1.12))
+
+
+def test_the_probe_reads_the_phases_of_a_live_server(tmp_path: Path) -> None:
+    """`speed_probe` against a fake server whose first token comes after the prefill the profile predicts
+    at 1.25 x its prompt costs (on decode costs 1.6 x) and whose tokens stream at 1.6 x the profile's
+    batch step: it reads both factors within 5% (what loopback HTTP and the fake's sleeps add: a few ms
+    on steps of tens of ms), and a lone request's speed above 1; `read_slowdown` gives them back from the
+    repeat's file, and an older file's single speed times the reference for both phases."""
+    profile = load_profile(PROFILE)
+    truth = Slowdown(1.25, 1.6)
+    prefill, decode = _measured_under(profile, truth)
+    with FakeVllm(token_s=decode, prefill_s=prefill + profile.api_latency_s) as server:
+        probe = speed_probe(server.url, PROFILE, tmp_path, times=1)
+    assert probe.slowdown.prefill == pytest.approx(truth.prefill, rel=0.05), probe
+    assert probe.slowdown.decode == pytest.approx(truth.decode, rel=0.05), probe
+    assert probe.speed > 1.1, probe
+    write_probe(tmp_path / "repeat-1", probe, Probe(2 * probe.speed, Slowdown()))
+    assert read_slowdown(tmp_path / "repeat-1") == probe.slowdown
+    (tmp_path / "repeat-2").mkdir()
+    (tmp_path / "repeat-2" / "speed_probe.json").write_text('{"speed": 1.1}\n')
+    assert read_slowdown(tmp_path / "repeat-2", reference=1.2) == pytest.approx(Slowdown(1.32, 1.32))

@@ -1109,6 +1109,33 @@ SIM_CASES = [
         files={"trace.parquet": _parquet({"t": [0.0, 1.0], "p": [[1, 2], [3]], "o": [5, 5]})},
         fragment="trace.parquet: row 1: p array([1, 2]) is not a whole number >= 1",
     ),
+    Case(
+        "set-requests-beyond-count",  # named the scenario file, which asked for 16 requests
+        args=("--set", "workload.duration_s=null", "--set", "workload.requests=100000000"),
+        fragment="error: --set: workload.requests: 1e+08 requests (~186 GiB in memory for 1 policies); a run",
+    ),
+    Case(
+        "set-rate-beyond-count",  # named the file's duration_s
+        args=("--set", "workload.rate_multiplier=10000000"),
+        fragment="error: --set: workload.rate_multiplier: 4 s at 4e+07 req/s is about 1.6e+08 requests",
+    ),
+    Case(
+        "size-beyond-count-in-the-file",  # still the file's, whatever else --set writes
+        _both(_set("workload.duration_s", 100_000), _set("workload.rate_rps", 100)),
+        args=("--set", "workload.seed=2"),
+        fragment="scenario.yaml: workload.duration_s: 100000 s at 100 req/s is about 1e+07 requests",
+    ),
+    Case(
+        "set-duration-beyond-days",  # named the scenario file
+        args=("--set", "workload.duration_s=2000000", "--set", "workload.rate_rps=0.0001"),
+        fragment="error: --set: workload.duration_s: 2e+06 s: at most 1e+06 s",
+    ),
+    Case(
+        "set-polls-beyond-count",  # named the scenario file
+        _both(_set("workload.duration_s", 100_000), _set("workload.rate_rps", 0.001)),
+        args=("--set", "gateway.poll_interval_s=0.001", "--set", "gateway.replicas=100"),
+        fragment="error: --set: gateway.poll_interval_s: 0.001 s: 100 gateway replicas polling",
+    ),
 ]
 
 
@@ -1779,7 +1806,7 @@ COMMAND_CASES = [
             "--out",
             "{tmp}/r",
         ),
-        fragment="ok.yaml: workload.duration_s: 4 s at 1e+08 req/s is about 4e+08 requests",  # not drawn
+        fragment="error: --set: workload.rate_rps: 4 s at 1e+08 req/s is about 4e+08 requests",  # not drawn
     ),
     CommandCase(
         "replay-workload-without-requests",
@@ -1891,8 +1918,8 @@ COMMAND_CASES = [
             "--out",
             "{tmp}/o",
         ),
-        fragment="--loads 1: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
-    ),  # fmt: skip
+        fragment="--loads 1: --set: workload.duration_s: 1e+09 s at 4 req/s",
+    ),
     CommandCase(
         "optimize-bad-trace-before-any-simulation",
         ("optimize", "{in}/bad-trace.yaml", "--slo", "t.ttft_p99<=3s", "--jobs", "1", "--out", "{tmp}/o"),
@@ -2177,6 +2204,36 @@ COMMAND_CASES = [
         "optimize-slo-rate-without-its-percent",  # rejection<=2 read as a share of 2: met by every setting
         ("optimize", "{in}/ok.yaml", "--slo", "interactive.rejection<=2", "--out", "{tmp}/o"),
         fragment="rejection_rate is a share, from 0 to 1: for 2 percent write 2%",
+    ),
+    CommandCase(
+        "optimize-set-beyond-count",  # named the scenario file at every load, which asks for 16 requests
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--set",
+            "workload.duration_s=1000000",
+            "--set",
+            "workload.rate_rps=100",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="error: --loads 1: --set: workload.duration_s: 1e+06 s at 100 req/s is about 1e+08 requests",
+    ),
+    CommandCase(
+        "optimize-load-beyond-count",  # named the file's duration_s
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--loads",
+            "1,10000000",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="error: --loads 1e+07: --loads: workload.rate_multiplier: 4 s at 4e+07 req/s",
     ),
     CommandCase(
         "optimize-slo-unit-of-hours",  # "expected tier.measure<=value", the unit not named

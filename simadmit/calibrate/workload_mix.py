@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simadmit.config.loading import load_scenario
+from simadmit.config.loading import load_scenario_with_origin
 from simadmit.config.resources import resolve_scenario
 from simadmit.workload.build import generate
 from simadmit.workload.check import check_workload
@@ -25,7 +25,7 @@ def workload_prompt_lengths(path: str | Path, quantiles: tuple[float, ...] = QUA
     """Distinct quantiles of the prompt lengths of a scenario's requests (`InputError` for a bad scenario,
     checked as `simulate` checks it: one too big to draw, or drawing no request, among others)."""
     path = resolve_scenario(Path(path))  # a bundled scenario's name, as the other commands take it
-    spec, _ = load_scenario(path)
-    check_workload(spec, path)
+    spec, _, origin = load_scenario_with_origin(path)
+    check_workload(spec, origin)
     prompts = generate(spec.workload).prompt
     return tuple(sorted({max(1, int(round(q))) for q in np.quantile(prompts, quantiles)}))

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # Typer's own copy of Click
 
 from simadmit.config.errors import InputError, print_problems, problem
-from simadmit.config.loading import variant_spec
+from simadmit.config.loading import Origin, variant_spec
 from simadmit.config.schema import ScenarioSpec
 from simadmit.sim.world import build_world
 from simadmit.workload.check import check_workload
@@ -88,34 +88,35 @@ def check_seed(seed: int | None, replications: int = 1, option: str = "--seed") 
         )
 
 
-def preflight(spec: ScenarioSpec, base: Path, source: Path, seed: int | None = None) -> list[str]:
-    """Everything a run reads, checked before it starts (each variant too); notes about skipped trace rows."""
+def preflight(spec: ScenarioSpec, base: Path, origin: Origin, seed: int | None = None) -> list[str]:
+    """Everything a run reads, checked before it starts (each variant too); notes about skipped trace rows.
+    A problem names where its field was written, `origin(field)`: the scenario file, or `--set`."""
     specs = [variant_spec(spec, v) for v in spec.variants] or [spec]
     notes: list[str] = []
     for s in specs:
         world = build_world(s, base)  # reads the profiles
         limits = [world.pools[p].max_request_tokens for p in world.pool_of_tier]
-        notes += [n for n in check_workload(s, source, seed, limits) if n not in notes]
+        notes += [n for n in check_workload(s, origin, seed, limits) if n not in notes]
     return notes
 
 
-def preflight_each(runs: list[tuple[str, ScenarioSpec, int | None]], source: Path) -> list[str]:
+def preflight_each(runs: list[tuple[str, ScenarioSpec, Origin, int | None]], source: Path) -> list[str]:
     """`preflight` of every run a study will make (a sweep's points, optimize's loads), before any starts,
     so a bad trace or a workload too big is refused up front rather than by a worker midway. `runs` are
-    (label, spec, seed); runs sharing their workload, pools and seed are checked once, and each problem is
-    reported once, labelled with the first run it was found in."""
+    (label, spec, the origin of its fields, seed); runs sharing their workload, pools and seed are checked
+    once, and each problem is reported once, labelled with the first run it was found in."""
     notes: list[str] = []
     problems: list[str] = []
     seen_runs: set[str] = set()
     seen_problems: set[str] = set()
-    for label, spec, seed in runs:
+    for label, spec, origin, seed in runs:
         drawn = spec.model_dump(mode="json", include={"workload", "pools", "variants"})
         key = json.dumps([drawn, len(spec.policies), seed], sort_keys=True, default=str)
         if key in seen_runs:
             continue
         seen_runs.add(key)
         try:
-            notes += [n for n in preflight(spec, source.parent, source, seed) if n not in notes]
+            notes += [n for n in preflight(spec, source.parent, origin, seed) if n not in notes]
         except InputError as e:
             new = [line for line in e.problems if line not in seen_problems]
             seen_problems.update(new)

@@ -23,7 +23,7 @@ from simadmit.calibrate.cli import calibrate_app
 from simadmit.cli import gateway, replay, study
 from simadmit.cli.common import MAX_REPLICATIONS, App, LazyProgress, check_seed, fail, preflight, print_notes
 from simadmit.config.errors import InputError
-from simadmit.config.loading import load_scenario, trace_refs
+from simadmit.config.loading import load_scenario_with_origin, trace_refs
 from simadmit.config.overrides import apply_overrides, parse_assignments
 from simadmit.config.resources import resolve_profile, resolve_scenario
 from simadmit.config.schema import ScenarioSpec
@@ -67,8 +67,10 @@ def simulate(
     try:
         check_seed(seed, replications)
         path = resolve_scenario(scenario)
-        spec, base = load_scenario(path, parse_assignments(set_))
-        notes = preflight(spec, base, path, seed)  # profiles, traces and sizes: checked before anything runs
+        spec, base, origin = load_scenario_with_origin(path, parse_assignments(set_))
+        notes = preflight(
+            spec, base, origin, seed
+        )  # profiles, traces and sizes: checked before anything runs
         check_destination(out, replace=True, command="simulate")
     except InputError as e:
         fail(e.problems)

@@ -22,7 +22,7 @@ from rich.table import Table
 from simadmit.calibrate.client import normalize_base_url, without_credentials
 from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight, print_notes, print_problems
 from simadmit.config.errors import InputError, problem, read_yaml
-from simadmit.config.loading import load_scenario
+from simadmit.config.loading import load_scenario_with_origin
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.loadgen.plan import make_plan
@@ -77,12 +77,12 @@ def replay_command(
     try:
         check_seed(seed)
         path = resolve_scenario(scenario)
-        spec, base = load_scenario(path, parse_assignments(set_))
+        spec, base, origin = load_scenario_with_origin(path, parse_assignments(set_))
         if spec.variants:
             raise InputError(
                 [problem(scenario, "variants", "replay sends one workload: remove the variants")]
             )
-        notes = preflight(spec, base, path, seed)  # as simulate checks it: its size, traces, warm-up
+        notes = preflight(spec, base, origin, seed)  # as simulate checks it: its size, traces, warm-up
         urls = [normalize_base_url(url) for url in endpoint]  # every URL before anything is written or sent
         if twice := sorted({u for u in urls if urls.count(u) > 1}):
             why = "given twice: each --endpoint stands for one gateway replica, its attempts in the gateway column"

@@ -22,7 +22,12 @@ from rich.table import Table
 from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight_each, print_notes
 from simadmit.cli.progress import UnitProgress
 from simadmit.config.errors import InputError, problem
-from simadmit.config.loading import load_scenario, load_scenario_fields, scenario_from_dict
+from simadmit.config.loading import (
+    load_scenario,
+    load_scenario_fields,
+    load_scenario_with_origin,
+    scenario_with_origin,
+)
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
@@ -135,7 +140,7 @@ def sweep(
             [
                 (
                     f"point {dict(point)}" if point else "",
-                    scenario_from_dict(plan.document, path, dict(point)),
+                    *scenario_with_origin(plan.document, path, dict(point)),
                     seeds[0],
                 )
                 for point, seeds in zip(plan.points, plan.seeds, strict=True)
@@ -236,7 +241,8 @@ def optimize_cmd(
         str, typer.Option(help="goodput, goodput_per_gpu, throughput, throughput_per_gpu, rejection")
     ] = "goodput",
     search: Annotated[
-        list[str], typer.Option(help="path=lo:hi to search (default: each policy's own knobs)")
+        list[str],
+        typer.Option(help="path=lo:hi to search (default: each policy's own knobs)"),
     ] = [],  # noqa: B006
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
     loads: Annotated[str, typer.Option(help="traffic multipliers every SLO must hold at")] = "1,1.5,2",
@@ -306,10 +312,12 @@ def optimize_cmd(
     try:  # the scenario's traces and size at every load, before any simulation
         base_rate = load_scenario(path, overrides)[0].workload.rate_multiplier
         at_loads = [{**overrides, "workload.rate_multiplier": base_rate * x} for x in load_values]
-        runs = [
-            (f"--loads {x:g}", load_scenario(path, o)[0], seed)
-            for x, o in zip(load_values, at_loads, strict=True)
-        ]
+        runs = []
+        for x, o in zip(load_values, at_loads, strict=True):
+            spec, _, origin = load_scenario_with_origin(
+                path, o, given_by={"workload.rate_multiplier": "--loads"}
+            )
+            runs.append((f"--loads {x:g}", spec, origin, seed))
         notes = preflight_each(runs, path)
     except InputError as e:
         fail(e.problems)

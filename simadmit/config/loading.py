@@ -35,6 +35,8 @@ from simadmit.config.schema import (
 )
 from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, TraceFileSpec
 
+Origin = Callable[[str], str | Path | None]  # where a field was written: the option that set it, or the file
+
 
 def load_scenario(
     path: str | Path,
@@ -45,10 +47,23 @@ def load_scenario(
     """Read, validate and return a scenario with the directory its relative paths are resolved against;
     `overrides` are the command's assignments, a problem they cause named by their option: `--set`, or
     the one `given_by` names for a path (`{"pools.0.profile": "--profile"}`)."""
+    spec, base, _ = load_scenario_with_origin(path, overrides, workload_traces, given_by)
+    return spec, base
+
+
+def load_scenario_with_origin(
+    path: str | Path,
+    overrides: dict[str, object] | None = None,
+    workload_traces: bool = True,
+    given_by: Mapping[str, str] | None = None,
+) -> tuple[ScenarioSpec, Path, Origin]:
+    """`load_scenario`'s scenario and directory with the origin of its fields, for the checks after
+    validation (`simadmit.workload.check`) to name a field's option or file as validation does."""
     path = Path(path)
     data = read_mapping(path, "scenario")
     set_by = {p: (given_by or {}).get(p, "--set") for p in overrides or {}}
-    return scenario_from_dict(data, path, overrides, workload_traces, set_by), path.parent
+    spec, origin = scenario_with_origin(data, path, overrides, workload_traces, set_by)
+    return spec, path.parent, origin
 
 
 def load_scenario_fields(path: str | Path) -> ScenarioSpec:
@@ -66,7 +81,20 @@ def scenario_from_dict(
     workload_traces: bool = True,
     set_by: Mapping[str, str] | None = None,
 ) -> ScenarioSpec:
-    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first.
+    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first (see
+    `scenario_with_origin`)."""
+    return scenario_with_origin(data, source, overrides, workload_traces, set_by)[0]
+
+
+def scenario_with_origin(
+    data: dict[str, object],
+    source: str | Path | None = None,
+    overrides: dict[str, object] | None = None,
+    workload_traces: bool = True,
+    set_by: Mapping[str, str] | None = None,
+) -> tuple[ScenarioSpec, Origin]:
+    """Validate a scenario document, applying `overrides` (`{"workload.seed": 3}`) first; return it with
+    the origin of its fields.
 
     `workload_traces=False` leaves the workload's trace files unchecked (and their paths as written), for
     a caller that never draws the workload (the live gateway); the pools' own traces are always checked.
@@ -82,6 +110,14 @@ def scenario_from_dict(
         by = [o for w, o in options if o is not None and (field == w or field.startswith(f"{w}."))]
         return by[-1] if by else source
 
+    return _checked(data, source, origin, workload_traces), origin
+
+
+def _checked(
+    data: dict[str, object], source: str | Path | None, origin: Origin, workload_traces: bool
+) -> ScenarioSpec:
+    """The overridden document validated, its variants too, and checked against the disk: the profiles
+    and traces it names exist (their paths made absolute), and engine overrides fit their profile."""
     spec = _validate(data, source, origin)
     for i, variant in enumerate(spec.variants):
         try:
@@ -129,9 +165,7 @@ def _not_found(what: str, ref: str, base: Path) -> str:
     return not_found(path, f"{what} {ref!r}")
 
 
-def _validate(
-    data: object, source: str | Path | None, origin: Callable[[str], str | Path | None] | None = None
-) -> ScenarioSpec:
+def _validate(data: object, source: str | Path | None, origin: Origin | None = None) -> ScenarioSpec:
     """The schema, then the rules across sections; every problem as one `file: field: message` line, the
     file being `origin(field)` where given (`--set` for a field it wrote), else `source`."""
     try:

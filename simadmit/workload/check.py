@@ -3,18 +3,18 @@
 The schema checks each value; these checks need the values together (how many requests a rate and a
 duration make) or the files a workload reads (a trace's rows). They run before any simulation, so a bad
 trace row or a workload too big for memory is one `file: field: message` line rather than a traceback
-minutes in. Rows skipped under `on_error: skip` are reported back as notes, with their count.
+minutes in; a field `--set` wrote is `--set: field: message`, as validation names it. Rows skipped under
+`on_error: skip` are reported back as notes, with their count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from simadmit.config.errors import InputError, problem
-from simadmit.config.loading import trace_refs
+from simadmit.config.loading import Origin, trace_refs
 from simadmit.config.schema import ScenarioSpec
 from simadmit.config.workload_schema import (
     MAX_SECONDS,
@@ -51,7 +51,7 @@ def expected_requests(spec: WorkloadSpec) -> float:
     return rate * spec.duration_s
 
 
-def _size_problem(spec: WorkloadSpec, policies: int, source: str | Path | None) -> str | None:
+def _size_problem(spec: WorkloadSpec, policies: int, origin: Origin) -> str | None:
     if spec.trace is not None:
         return None
     n = expected_requests(spec)
@@ -60,21 +60,20 @@ def _size_problem(spec: WorkloadSpec, policies: int, source: str | Path | None) 
     gib = n * policies * BYTES_PER_REQUEST / 2**30
     if spec.requests is not None:
         field, what = "workload.requests", f"{n:.3g} requests"
-    else:
+    else:  # named by the one an option wrote, if one did (--set workload.rate_multiplier=1000)
         rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
-        field, what = (
-            "workload.duration_s",
-            f"{spec.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests",
-        )
+        causes = ("workload.duration_s", "workload.rate_rps", "workload.rate_multiplier")
+        field = next((f for f in causes if origin(f) != origin("workload")), causes[0])
+        what = f"{spec.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests"
     return problem(
-        source,
+        origin(field),
         field,
         f"{what} (~{gib:,.0f} GiB in memory for {policies} policies); a run holds at most "
         f"{MAX_REQUESTS:,} requests: shorten the run or lower the rate",
     )
 
 
-def _periodic_problems(spec: ScenarioSpec, span_s: float, source: str | Path | None) -> list[str]:
+def _periodic_problems(spec: ScenarioSpec, span_s: float, origin: Origin) -> list[str]:
     """Gateway polls and autoscaler syncs repeat until the last arrival at least: a period far too short for
     the run (0.001 s over days) would be billions of events, a run that never ends."""
     out = []
@@ -83,7 +82,7 @@ def _periodic_problems(spec: ScenarioSpec, span_s: float, source: str | Path | N
     if polls > MAX_PERIODIC_EVENTS:
         out.append(
             problem(
-                source,
+                origin("gateway.poll_interval_s"),
                 "gateway.poll_interval_s",
                 f"{g.poll_interval_s:g} s: {g.replicas} gateway replicas polling until the last arrival "
                 f"({span_s:.3g} s) make {polls:.3g} polls: at most {MAX_PERIODIC_EVENTS:,}; poll less often, or "
@@ -92,11 +91,12 @@ def _periodic_problems(spec: ScenarioSpec, span_s: float, source: str | Path | N
         )
     for i, pool in enumerate(spec.pools):
         a = pool.autoscaler
+        field = f"pools.{i}.autoscaler.sync_period_s"
         if a is not None and span_s / a.sync_period_s > MAX_PERIODIC_EVENTS:
             out.append(
                 problem(
-                    source,
-                    f"pools.{i}.autoscaler.sync_period_s",
+                    origin(field),
+                    field,
                     f"{a.sync_period_s:g} s until the last arrival ({span_s:.3g} s) makes "
                     f"{span_s / a.sync_period_s:.3g} syncs: at most {MAX_PERIODIC_EVENTS:,}; sync less often",
                 )
@@ -143,9 +143,7 @@ def _unused_by_a_trace(spec: ScenarioSpec) -> list[str]:
     ]
 
 
-def _never_served(
-    workload: Workload, limits: Sequence[int], spec: WorkloadSpec, source: str | Path | None
-) -> list[str]:
+def _never_served(workload: Workload, limits: Sequence[int], spec: WorkloadSpec, origin: Origin) -> list[str]:
     """A tier none of whose requests its pool takes (prompt + max_tokens beyond `limits[tier]`, the context
     or KV capacity): vLLM would answer every one with 400, a run that measures nothing of that tier. A tier
     only some of whose requests are too long is a run like any other (the summary notes them)."""
@@ -159,7 +157,7 @@ def _never_served(
             field = "workload.trace" if spec.trace is not None else f"workload.tiers.{i}"
             out.append(
                 problem(
-                    source,
+                    origin(field),
                     field,
                     f"every request of tier '{name}' is longer than its pool takes (prompt + max_tokens at least "
                     f"{least:,} tokens; the pool's context or KV capacity holds {limits[i]:,}): each would be "
@@ -171,17 +169,18 @@ def _never_served(
 
 def check_workload(
     spec: ScenarioSpec,
-    source: str | Path | None = None,
+    origin: Origin,
     seed: int | None = None,
     request_limits: Sequence[int] | None = None,
 ) -> list[str]:
     """Raise `InputError` for what would break the run; return notes for the user (skipped trace rows).
 
+    `origin(field)` names where a field was written (`--set`, or the scenario file), as validation does.
     Reads every trace the workload names and draws the first replication's requests (traces are cached,
     so the run reads them only once). `request_limits`, per tier, the longest request (prompt + max_tokens)
     its pool takes: a tier none of whose requests fits is refused.
     """
-    size = _size_problem(spec.workload, len(spec.policies), source)
+    size = _size_problem(spec.workload, len(spec.policies), origin)
     if size:
         raise InputError([size])
     duration = spec.workload.duration_s
@@ -189,7 +188,7 @@ def check_workload(
         raise InputError(
             [
                 problem(
-                    source,
+                    origin("workload.duration_s"),
                     "workload.duration_s",
                     f"{duration:g} s: at most {MAX_SECONDS:g} s (11.6 days) a run",
                 )
@@ -199,14 +198,17 @@ def check_workload(
     try:
         workload = generate(spec.workload, seed)
     except ValueError as e:  # a rule of the arrival generators the schema did not foresee
-        raise InputError([problem(source, "workload", str(e))]) from None
+        raise InputError([problem(origin("workload"), "workload", str(e))]) from None
     except InputError as e:  # a trace's tier or max_tokens rule against its rows, named by field alone
         raise InputError(
-            [problem(source, None, p) if p.startswith("workload.") else p for p in e.problems]
+            [
+                problem(origin(p.partition(":")[0]), None, p) if p.startswith("workload.") else p
+                for p in e.problems
+            ]
         ) from None
     if len(workload) == 0:
-        raise InputError([problem(source, "workload", "no request arrives in this workload")])
-    never = _never_served(workload, request_limits, spec.workload, source) if request_limits else []
+        raise InputError([problem(origin("workload"), "workload", "no request arrives in this workload")])
+    never = _never_served(workload, request_limits, spec.workload, origin) if request_limits else []
     if never:
         raise InputError(never)
     if not (workload.arrival >= spec.workload.warmup_s).any():
@@ -214,7 +216,7 @@ def check_workload(
         raise InputError(
             [
                 problem(
-                    source,
+                    origin("workload.warmup_s"),
                     "workload.warmup_s",
                     f"every request arrives within the warm-up ({spec.workload.warmup_s:g} s; the last at "
                     f"{last:.3g} s): nothing is left to measure",
@@ -222,14 +224,14 @@ def check_workload(
             ]
         )
     last = float(workload.arrival.max())
-    periodic = _periodic_problems(spec, last, source)
+    periodic = _periodic_problems(spec, last, origin)
     if periodic:
         raise InputError(periodic)
     if last - spec.workload.warmup_s < MIN_WINDOW_S:  # the summary's window, warm-up to last arrival
         raise InputError(
             [
                 problem(
-                    source,
+                    origin("workload"),
                     "workload",
                     f"every measured request arrives at the same instant ({last:.3g} s; within "
                     f"{MIN_WINDOW_S * 1000:g} ms): the summary's rates (requests per second from the warm-up to "

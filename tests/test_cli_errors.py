@@ -1136,6 +1136,22 @@ SIM_CASES = [
         args=("--set", "gateway.poll_interval_s=0.001", "--set", "gateway.replicas=100"),
         fragment="error: --set: gateway.poll_interval_s: 0.001 s: 100 gateway replicas polling",
     ),
+    Case(
+        "retries-beyond-attempts",  # 4 million requests were let through as if each made one attempt
+        _both(
+            lambda d: d["workload"].pop("duration_s"),
+            _set("workload.requests", 4_000_000),
+            _set("clients.max_retries", 20),
+        ),
+        fragment="scenario.yaml: clients.max_retries: 20: 4e+06 requests (~30 GiB in memory for 1 policies "
+        "should every attempt be rejected: up to 8.4e+07 attempts of 21 a request); a run makes at most 20,000,000",
+    ),
+    Case(
+        "set-retries-beyond-attempts",
+        _both(lambda d: d["workload"].pop("duration_s"), _set("workload.requests", 4_000_000)),
+        args=("--set", "clients.max_retries=20"),
+        fragment="error: --set: clients.max_retries: 20: 4e+06 requests (~",
+    ),
 ]
 
 

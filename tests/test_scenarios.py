@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simadmit.config.loading import load_scenario
+from simadmit.config.loading import load_scenario, load_scenario_with_origin
 from simadmit.study.runner import ScenarioResult, run_study
+from simadmit.workload.check import check_workload
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 AZURE_SAMPLE = (
@@ -32,6 +33,14 @@ def test_every_scenario_starts_with_its_question() -> None:
         head = path.read_text().splitlines()[:6]
         assert head[0].startswith("# Question:"), path.name
         assert any(line.startswith("# How to read the answer:") for line in head), path.name
+
+
+def test_every_scenario_passes_the_checks_before_a_run() -> None:
+    """Every scenario of the library (the default, `simadmit simulate` without one, among them) is within
+    the limits on a run's size, its requests retried as often as its clients may."""
+    for path in SCENARIOS.glob("*.yaml"):
+        spec, _, origin = load_scenario_with_origin(path)
+        check_workload(spec, origin)
 
 
 def test_mix_shift_queue_depth_loses_control_gpu_seconds_keeps_it() -> None:

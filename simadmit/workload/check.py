@@ -27,9 +27,11 @@ from simadmit.workload import arrivals, traffic
 from simadmit.workload.build import Workload, generate
 
 MAX_REQUESTS = 5_000_000  # per workload: every request of a run is held in memory
+MAX_ATTEMPTS = 4 * MAX_REQUESTS  # per workload, at worst: the most requests at the default 3 retries each
 MAX_PERIODIC_EVENTS = 10_000_000  # gateway polls or autoscaler syncs in one run: each costs simulator time
 MIN_WINDOW_S = 0.001  # the measured arrivals' shortest span: per-second rates over less are meaningless
-BYTES_PER_REQUEST = 2_000  # per request and policy: engine state, the attempts table, the request table
+BYTES_PER_REQUEST = 2_000  # per request and policy: engine state, the request table, its first attempt
+BYTES_PER_RETRY = 300  # per retry and policy: one more row of the attempts table (`simadmit.sim.ledger`)
 
 
 def expected_requests(spec: WorkloadSpec) -> float:
@@ -51,25 +53,43 @@ def expected_requests(spec: WorkloadSpec) -> float:
     return rate * spec.duration_s
 
 
-def _size_problem(spec: WorkloadSpec, policies: int, origin: Origin) -> str | None:
-    if spec.trace is not None:
+def _size_problem(spec: ScenarioSpec, origin: Origin) -> str | None:
+    """A synthetic workload too big to hold: too many requests, or too many attempts should every one be
+    rejected, since each retry (up to `clients.max_retries` a request) is another row of the attempts
+    table. The memory figure is that worst case; a run that admits most requests takes less."""
+    w = spec.workload
+    if w.trace is not None:
         return None
-    n = expected_requests(spec)
-    if n <= MAX_REQUESTS:
+    n = expected_requests(w)
+    retries = spec.clients.max_retries
+    attempts = n * (1 + retries)
+    if n <= MAX_REQUESTS and attempts <= MAX_ATTEMPTS:
         return None
-    gib = n * policies * BYTES_PER_REQUEST / 2**30
-    if spec.requests is not None:
+    policies = len(spec.policies)
+    gib = policies * n * (BYTES_PER_REQUEST + retries * BYTES_PER_RETRY) / 2**30
+    memory = f"~{gib:,.0f} GiB in memory for {policies} policies"
+    if retries:
+        memory += (
+            f" should every attempt be rejected: up to {attempts:.3g} attempts of {retries + 1} a request"
+        )
+    if w.requests is not None:
         field, what = "workload.requests", f"{n:.3g} requests"
     else:  # named by the one an option wrote, if one did (--set workload.rate_multiplier=1000)
-        rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
+        rate = (w.rate_rps or 0.0) * w.rate_multiplier
         causes = ("workload.duration_s", "workload.rate_rps", "workload.rate_multiplier")
         field = next((f for f in causes if origin(f) != origin("workload")), causes[0])
-        what = f"{spec.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests"
-    return problem(
-        origin(field),
-        field,
-        f"{what} (~{gib:,.0f} GiB in memory for {policies} policies); a run holds at most "
-        f"{MAX_REQUESTS:,} requests: shorten the run or lower the rate",
+        what = f"{w.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests"
+    if n > MAX_REQUESTS:
+        return problem(
+            origin(field),
+            field,
+            f"{what} ({memory}); a run holds at most {MAX_REQUESTS:,} requests: shorten the run or lower the rate",
+        )
+    return problem(  # within the requests, so more retries than the default 3 are what is too many
+        origin("clients.max_retries"),
+        "clients.max_retries",
+        f"{retries}: {what} ({memory}); a run makes at most {MAX_ATTEMPTS:,} attempts: retry less, shorten "
+        "the run or lower the rate",
     )
 
 
@@ -180,7 +200,7 @@ def check_workload(
     so the run reads them only once). `request_limits`, per tier, the longest request (prompt + max_tokens)
     its pool takes: a tier none of whose requests fits is refused.
     """
-    size = _size_problem(spec.workload, len(spec.policies), origin)
+    size = _size_problem(spec, origin)
     if size:
         raise InputError([size])
     duration = spec.workload.duration_s

@@ -2252,6 +2252,21 @@ COMMAND_CASES = [
         fragment="error: --loads 1e+07: --loads: workload.rate_multiplier: 4 s at 4e+07 req/s",
     ),
     CommandCase(
+        "optimize-search-true-false-as-numbers",  # searched 0 and 1, written as numbers in optimize.csv
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "clients.honor_retry_after=0:1",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="error: --search clients.honor_retry_after=0:1: true or false, not a number: write "
+        "clients.honor_retry_after=false:true to try both",
+    ),
+    CommandCase(
         "optimize-slo-unit-of-hours",  # "expected tier.measure<=value", the unit not named
         ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=1h", "--out", "{tmp}/o"),
         fragment="the unit 'h' does not fit ttft_p99_s",

@@ -159,6 +159,28 @@ def test_an_infinite_p99_leaves_the_sla_and_no_limit_is_no_limit() -> None:
     assert targets["sla_left"].tolist() == [True]
 
 
+def test_a_true_false_field_is_searched_over_false_and_true(tmp_path: Path) -> None:
+    """`path=false:true` tries both values, as true/false (not as the numbers 0 and 1); a range of numbers
+    on a true/false field, or false:true on a number, is refused naming --search."""
+    scenario = mmc_scenario(tmp_path, duration_s=200)
+    slo = parse_slo("all.queue_wait_mean_s<=10s")
+    dims = [parse_dimension("clients.honor_retry_after=false:true")]
+    (result,) = optimize(scenario, [slo], "goodput", SearchConfig(jobs=1, rounds=1), dims, out=tmp_path / "o")
+    assert isinstance(dict(result.best.setting)["clients.honor_retry_after"], bool)
+    table = pd.read_csv(tmp_path / "o" / "optimize.csv")
+    assert set(table["clients.honor_retry_after"]) == {False, True}
+    for text, why in (
+        (
+            "clients.honor_retry_after=0:1",
+            "true or false, not a number: write clients.honor_retry_after=false:true to try both",
+        ),
+        ("pools.0.replicas=false:true", "mmc.yaml: pools.0.replicas: Input should be a number, not false"),
+    ):
+        with pytest.raises(InputError) as refused:
+            optimize(scenario, [slo], "goodput", SearchConfig(jobs=1, rounds=1), [parse_dimension(text)])
+        assert refused.value.problems[0].endswith(why), refused.value.problems
+
+
 def test_parallel_and_early_dropping_give_the_serial_exhaustive_answer(tmp_path: Path) -> None:
     """Common random numbers: every candidate runs on the same seeds, so running them in two processes
     and dropping dominated ones before their lighter loads change nothing but the number of simulations."""

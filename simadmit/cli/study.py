@@ -242,7 +242,10 @@ def optimize_cmd(
     ] = "goodput",
     search: Annotated[
         list[str],
-        typer.Option(help="path=lo:hi to search (default: each policy's own knobs)"),
+        typer.Option(
+            help="path=lo:hi to search, or path=false:true for a true/false field (default: each policy's own "
+            "knobs)"
+        ),
     ] = [],  # noqa: B006
     set_: Annotated[list[str], typer.Option("--set", help="override a scenario field: path=value")] = [],  # noqa: B006
     loads: Annotated[str, typer.Option(help="traffic multipliers every SLO must hold at")] = "1,1.5,2",

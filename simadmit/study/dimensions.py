@@ -1,6 +1,7 @@
 """Dimensions: the scenario fields optimize searches, their ranges, and where each search starts.
 
-A dimension is a dotted path (`--search path=lo:hi`, integers when both ends are) resolved by
+A dimension is a dotted path (`--search path=lo:hi`, integers when both ends are; `path=false:true` for
+a true/false field, which tries both) resolved by
 `simadmit.config.overrides` exactly as `--set` resolves it. By default each policy searches its own knobs
 over a range around the scenario's values (and pool sizes only for a per-GPU objective); a dimension on a
 policy field is searched only for the policy its path addresses. A search starts at the scenario's own
@@ -32,6 +33,17 @@ class Dimension:
     lo: float
     hi: float
     integer: bool
+    boolean: bool = False  # a true/false field: 0 and 1 stand for false and true
+
+    def __str__(self) -> str:
+        """As `--search` writes it."""
+        return f"{self.path}=false:true" if self.boolean else f"{self.path}={self.lo:g}:{self.hi:g}"
+
+    def value(self, v: float) -> float | int | bool:
+        """A point of the range as the field takes it: a number, a whole number, or true/false."""
+        if self.boolean:
+            return bool(v)
+        return int(v) if self.integer else v
 
     def grid(self, lo: float, hi: float, n: int) -> list[float]:
         if self.integer:
@@ -43,13 +55,21 @@ class Dimension:
 
 
 def parse_dimension(text: str) -> Dimension:
-    """`path=lo:hi`; integers when both ends are written as integers."""
+    """`path=lo:hi`, integers when both ends are written as integers; `path=false:true` tries both."""
     path, sep, raw = text.partition("=")
     ends = raw.split(":")
+    if sep and sorted(e.strip().lower() for e in ends) == ["false", "true"]:
+        return Dimension(path.strip(), 0.0, 1.0, True, True)
     limits = range_ends(*ends) if len(ends) == 2 else None
     if not sep or limits is None:
         raise InputError(
-            [problem("--search", text, f"expected path=lo:hi, {RANGE_ENDS}, e.g. pools.0.replicas=1:16")]
+            [
+                problem(
+                    "--search",
+                    text,
+                    f"expected path=lo:hi, {RANGE_ENDS}, e.g. pools.0.replicas=1:16 (or path=false:true)",
+                )
+            ]
         )
     lo, hi = limits
     return Dimension(path.strip(), lo, hi, "." not in raw and "e" not in raw.lower())

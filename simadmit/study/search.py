@@ -30,7 +30,7 @@ import pandas as pd
 
 from simadmit.config.errors import InputError, problem, read_mapping
 from simadmit.config.loading import scenario_from_dict
-from simadmit.config.overrides import apply_overrides
+from simadmit.config.overrides import apply_overrides, lookup
 from simadmit.config.schema import policy_name
 from simadmit.results import summary
 from simadmit.results.run_folder import update_in_place
@@ -251,7 +251,7 @@ def search_policy(search: Search, dims: list[Dimension]) -> Evaluation:
     ranges = {d.path: (d.lo, d.hi) for d in dims}
 
     def setting(values: dict[str, float]) -> tuple:
-        return tuple((d.path, int(values[d.path]) if d.integer else values[d.path]) for d in dims)
+        return tuple((d.path, d.value(values[d.path])) for d in dims)
 
     (best,) = search.evaluate([setting(current)])
     assert best is not None  # nothing is dropped without an incumbent
@@ -307,12 +307,7 @@ def optimize(
         if dims is None:
             dims = default_dimensions(doc, scenario, name, OBJECTIVES.get(objective, ("", 1, False))[2])
         dims = concerning(dims, raw_policies, i, name)
-        for d in dims:
-            for v in (d.lo, d.hi):
-                try:
-                    scenario_from_dict(doc, scenario, {d.path: int(v) if d.integer else v})
-                except InputError as e:
-                    bad += [f"--search {d.path}={d.lo:g}:{d.hi:g}: {line}" for line in e.problems]
+        bad += [line for d in dims for line in _dimension_problems(doc, scenario, d)]
         plans.append((name, doc, dims))
     total = sum(simulations_bound(config, dims) for _, _, dims in plans)
     if total > MAX_SIMULATIONS:  # a typo (--rounds 100000000), not a search that could finish
@@ -331,6 +326,21 @@ def optimize(
         with WorkerPool() as pool:
             return _search_all(plans, scenario, slos, objective, config, pool, store, out, progress)
     return _search_all(plans, scenario, slos, objective, config, backend, store, out, progress)
+
+
+def _dimension_problems(document: dict, scenario: Path, d: Dimension) -> list[str]:
+    """A searched field its range's ends break (the schema refuses false:true for a number), or a true/false
+    field over a range of numbers, where 0 and 1 would silently stand for false and true."""
+    out = []
+    for v in (d.lo, d.hi):
+        try:
+            spec = scenario_from_dict(document, scenario, {d.path: d.value(v)})
+        except InputError as e:
+            out += [f"--search {d}: {line}" for line in e.problems]
+            continue
+        if isinstance(lookup(spec.model_dump(), d.path), bool) and not d.boolean:
+            out.append(f"--search {d}: true or false, not a number: write {d.path}=false:true to try both")
+    return out
 
 
 def _search_all(

@@ -628,6 +628,11 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.tiers.0.slo: Input should be a mapping of fields, not int",
     ),
     Case(
+        "section-left-empty",  # "not NoneType": `clients:` with every field under it commented out
+        _set("clients", None),
+        fragment="scenario.yaml: clients: Input should be a mapping of fields, not empty (nothing is written under it)",
+    ),
+    Case(
         "set-empty-path-part",
         args=("--set", "workload..rate_rps=3"),
         fragment="--set: workload..rate_rps: a path has no empty part",  # was "workload.: unknown field"

@@ -76,7 +76,7 @@ def pydantic_problems(
         elif e["type"] == "missing":
             msg = "required field is missing"
         elif e["type"] in ("model_type", "model_attributes_type"):  # pydantic's words, not the file's
-            msg = f"Input should be a mapping of fields, not {type(e['input']).__name__}"
+            msg = f"Input should be a mapping of fields, not {_written_type(e['input'])}"
         elif e["type"] == "union_tag_not_found":  # a policy without its kind
             field, msg = f"{field}.kind", "required field is missing"
         elif e["type"] == "int_parsing" and (whole := _whole_number_text(e.get("input"))) is not None:
@@ -121,6 +121,12 @@ def _written_path(loc: tuple[object, ...], document: object) -> list[object]:
         else:
             node = None
     return out
+
+
+def _written_type(value: object) -> str:
+    """What the file wrote where a mapping belongs: `section:` with nothing under it (null) is said to be
+    empty, not Python's `NoneType`."""
+    return "empty (nothing is written under it)" if value is None else type(value).__name__
 
 
 def _whole_number_text(value: object) -> int | None:

@@ -675,6 +675,16 @@ SIM_CASES = [
         fragment="workload.duration_s: 1e+09 s at 4 req/s is about 4e+09 requests",
     ),
     Case(
+        "profile-factor-huge",  # "4 s at 4 req/s is about 1.6e+10 requests": the curve's factor unsaid
+        _set("workload.arrival", {"kind": "profile", "points": [[0, 1e9]]}),
+        fragment="workload.duration_s: 4 s at 4e+09 req/s on average (rate_rps x the arrival curve) is about",
+    ),
+    Case(
+        "profile-factor-astronomical",  # the memory it would take printed as a number of 296 digits
+        _set("workload.arrival", {"kind": "profile", "points": [[0, 1e300]]}),
+        fragment="requests (~2.98e+295 GiB in memory for 1 policies)",
+    ),
+    Case(
         "requests-huge",
         _both(_set("workload.duration_s", None), _set("workload.requests", 10**12)),
         fragment="workload.requests: 1e+12 requests",

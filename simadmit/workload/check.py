@@ -53,6 +53,16 @@ def expected_requests(spec: WorkloadSpec) -> float:
     return rate * spec.duration_s
 
 
+def _rate_text(spec: WorkloadSpec, n: float) -> str:
+    """The rate that draws `n` requests over the run: rate_rps, or under an arrival curve the mean it makes
+    of it (a profile's factor 1e9 is 4e9 req/s, not the 4 req/s written)."""
+    rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
+    if not isinstance(spec.arrival, ProfileArrivalSpec | DiurnalSpec):
+        return f"{rate:g} req/s"
+    assert spec.duration_s is not None
+    return f"{n / spec.duration_s:.3g} req/s on average (rate_rps x the arrival curve)"
+
+
 def _size_problem(spec: ScenarioSpec, origin: Origin) -> str | None:
     """A synthetic workload too big to hold: too many requests, or too many attempts should every one be
     rejected, since each retry (up to `clients.max_retries` a request) is another row of the attempts
@@ -67,7 +77,8 @@ def _size_problem(spec: ScenarioSpec, origin: Origin) -> str | None:
         return None
     policies = len(spec.policies)
     gib = policies * n * (BYTES_PER_REQUEST + retries * BYTES_PER_RETRY) / 2**30
-    memory = f"~{gib:,.0f} GiB in memory for {policies} policies"
+    memory = f"~{gib:,.0f}" if gib < 1e6 else f"~{gib:.3g}"  # no line of a hundred digits
+    memory += f" GiB in memory for {policies} policies"
     if retries:
         memory += (
             f" should every attempt be rejected: up to {attempts:.3g} attempts of {retries + 1} a request"
@@ -75,10 +86,9 @@ def _size_problem(spec: ScenarioSpec, origin: Origin) -> str | None:
     if w.requests is not None:
         field, what = "workload.requests", f"{n:.3g} requests"
     else:  # named by the one an option wrote, if one did (--set workload.rate_multiplier=1000)
-        rate = (w.rate_rps or 0.0) * w.rate_multiplier
         causes = ("workload.duration_s", "workload.rate_rps", "workload.rate_multiplier")
         field = next((f for f in causes if origin(f) != origin("workload")), causes[0])
-        what = f"{w.duration_s:g} s at {rate:g} req/s is about {n:.3g} requests"
+        what = f"{w.duration_s:g} s at {_rate_text(w, n)} is about {n:.3g} requests"
     if n > MAX_REQUESTS:
         return problem(
             origin(field),

@@ -1512,6 +1512,11 @@ COMMAND_CASES = [
         fragment="--param: 200 x 200: a sweep runs at most 10,000 points",
     ),  # fmt: skip
     CommandCase(
+        "sweep-range-to-the-largest-float",  # the point's value printed as an integer of 308 digits
+        ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1:1e308:3", "--out", "{tmp}/s"),
+        fragment="point {{'workload.rate_rps': 5e+307}}: {in}/ok.yaml: workload.duration_s: 4 s at 5e+307 req/s",
+    ),
+    CommandCase(
         "sweep-value-is-printed-as-typed",
         ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=a:b:3", "--out", "{tmp}/s"),
         fragment="--param: workload.rate_rps=a:b:3: a range is",  # not an emoji, not markup

@@ -39,6 +39,8 @@ def test_param_syntax() -> None:
     assert parse_param("workload.rate_multiplier=0.25:3.0:12").values[:3] == (0.25, 0.5, 0.75)
     assert parse_param("workload.rate_multiplier=0.1:0.3:3").values == (0.1, 0.2, 0.3)
     assert parse_param("pools.0.replicas=2:8:4").values == (2, 4, 6, 8)
+    huge = parse_param("workload.rate_rps=1:1e308:3").values  # not integers of 308 digits
+    assert huge == (1.0, 5e307, 1e308) and all(isinstance(v, float) for v in huge)
     assert parse_param("policies.gpu_seconds.headroom=0.7,0.8,0.9,1.0").values == (0.7, 0.8, 0.9, 1.0)
     assert parse_param("gateway.routing=[least_work, round_robin]").values == ("least_work", "round_robin")
     for bad in ("workload.rate_multiplier", "=1,2", "x=1:2:1", "x="):

@@ -1512,6 +1512,22 @@ COMMAND_CASES = [
         fragment="--param: 200 x 200: a sweep runs at most 10,000 points",
     ),  # fmt: skip
     CommandCase(
+        "optimize-search-one-path-twice",  # both ranges searched, the last one's values the ones that ran
+        (
+            "optimize",
+            "{in}/ok.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "workload.rate_multiplier=0.5:1",
+            "--search",
+            "workload.rate_multiplier=1:2",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--search workload.rate_multiplier=1:2: workload.rate_multiplier is already searched: give each path once",
+    ),  # fmt: skip
+    CommandCase(
         "sweep-range-to-the-largest-float",  # the point's value printed as an integer of 308 digits
         ("sweep", "{in}/ok.yaml", "--param", "workload.rate_rps=1:1e308:3", "--out", "{tmp}/s"),
         fragment="point {{'workload.rate_rps': 5e+307}}: {in}/ok.yaml: workload.duration_s: 4 s at 5e+307 req/s",

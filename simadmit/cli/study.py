@@ -33,7 +33,7 @@ from simadmit.config.resources import resolve_scenario
 from simadmit.results.plots import plot_directory
 from simadmit.results.run_folder import check_destination, held_run, interrupted_note
 from simadmit.study.backends import Backend, process_map, run_sweep
-from simadmit.study.dimensions import parse_dimension
+from simadmit.study.dimensions import Dimension, parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
 from simadmit.study.search import PolicyResult, SearchConfig, optimize
 from simadmit.study.slo import SLO, parse_slo
@@ -270,7 +270,7 @@ def optimize_cmd(
     """Find each policy's settings with the best objective that meet every SLO at 1x, 1.5x and 2x traffic."""
     problems: list[str] = []
     slos: list[SLO] = []
-    dims = []
+    dims: list[Dimension] = []
     for text in slo:
         try:
             new = parse_slo(text)
@@ -285,9 +285,13 @@ def optimize_cmd(
         slos.append(new)
     for text in search:
         try:
-            dims.append(parse_dimension(text))
+            dim = parse_dimension(text)
         except InputError as e:
             problems += e.problems
+            continue
+        if dim.path in (d.path for d in dims):  # one knob searched over two ranges: one of them unused
+            problems.append(f"--search {text}: {dim.path} is already searched: give each path once")
+        dims.append(dim)
     try:
         load_values = tuple(float(x) for x in loads.split(","))
     except ValueError:

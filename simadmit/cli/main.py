@@ -68,9 +68,7 @@ def simulate(
         check_seed(seed, replications)
         path = resolve_scenario(scenario)
         spec, base, origin = load_scenario_with_origin(path, parse_assignments(set_))
-        notes = preflight(
-            spec, base, origin, seed
-        )  # profiles, traces and sizes: checked before anything runs
+        notes = preflight(spec, base, origin, seed)  # profiles, traces, sizes: checked before anything runs
         check_destination(out, replace=True, command="simulate")
     except InputError as e:
         fail(e.problems)

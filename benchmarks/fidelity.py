@@ -205,6 +205,15 @@ def keep_steadiest(out: Path) -> None:
         best.rmdir()
 
 
+def burst(url: str, profile: Path, work: Path, requests: int, tiers: tuple[dict, ...]) -> list[AttemptResult]:
+    """Send `requests` of the `tiers` mix at once to the server; the answers of those that completed."""
+    doc = scenario(profile, 1000.0, "poisson", 1.0, tiers=tiers)
+    doc["workload"] |= {"duration_s": None, "requests": requests}
+    spec = scenario_from_dict(doc, work / "burst.yaml")
+    run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
+    return [a.result for a in run.attempts if a.result.status == "ok"]
+
+
 def capacity(
     url: str, profile: Path, work: Path, requests: int = 60, tiers: tuple[dict, ...] = TIERS
 ) -> float:
@@ -212,11 +221,7 @@ def capacity(
     workload's requests is sent at once and the rate is the burst over its makespan (first send to last
     finish). The requests of a burst share one batch and finish together, so a rate read between finishes
     would overstate it; the makespan includes the thinning tail, so this errs low, by a little."""
-    doc = scenario(profile, 1000.0, "poisson", 1.0, tiers=tiers)
-    doc["workload"] |= {"duration_s": None, "requests": requests}
-    spec = scenario_from_dict(doc, work / "capacity.yaml")
-    run = replay(make_plan(spec, work), ReplayConfig(url), random.Random())
-    done = [a.result for a in run.attempts if a.result.status == "ok"]
+    done = burst(url, profile, work, requests, tiers)
     return len(done) / (max(r.finish for r in done) - min(r.sent for r in done))
 
 
@@ -280,14 +285,9 @@ def probe_requests(
     url: str, profile: Path, work: Path, n: int, prompt: int, output: int
 ) -> list[AttemptResult]:
     """Send `n` requests of these lengths at once to the server and wait for their answers."""
-    doc = scenario(profile, 1000.0, "poisson", 1.0)
-    tier = doc["workload"]["tiers"][0] | {"max_tokens": output, "prompt_tokens": {"kind": "fixed", "value": prompt},
-                                         "output_tokens": {"kind": "fixed", "value": output}}  # fmt: skip
-    doc["workload"] |= {"duration_s": None, "requests": n, "tiers": [tier]}
-    run = replay(
-        make_plan(scenario_from_dict(doc, work / "probe.yaml"), work), ReplayConfig(url), random.Random()
-    )
-    return [a.result for a in run.attempts if a.result.status == "ok"]
+    tier = TIERS[0] | {"max_tokens": output, "prompt_tokens": {"kind": "fixed", "value": prompt},
+                       "output_tokens": {"kind": "fixed", "value": output}}  # fmt: skip
+    return burst(url, profile, work, n, (tier,))
 
 
 def speed_probe(url: str, profile: Path, work: Path, times: int = 3) -> Probe:

@@ -43,21 +43,27 @@ def expected_requests(spec: WorkloadSpec) -> float:
     if isinstance(a, FitArrivalSpec) and spec.rate_rps is None:
         return 0.0  # the trace's own rate: bounded by the trace, which is already in memory
     rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
-    shape: arrivals.Shape | None = None
-    if isinstance(a, ProfileArrivalSpec):
-        shape = arrivals.RateCurve(tuple(a.points))
-    elif isinstance(a, DiurnalSpec):
-        shape = arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s)
-    if shape is not None:
-        return rate * float(shape.cumulative(np.array(spec.duration_s)))
+    curve = _rate_curve(spec)
+    if curve is not None:
+        return rate * float(curve.cumulative(np.array(spec.duration_s)))
     return rate * spec.duration_s
+
+
+def _rate_curve(spec: WorkloadSpec) -> arrivals.Shape | None:
+    """The curve a `profile` or `diurnal` arrival puts on the rate over time; None for a steady rate."""
+    a = spec.arrival
+    if isinstance(a, ProfileArrivalSpec):
+        return arrivals.RateCurve(tuple(a.points))
+    if isinstance(a, DiurnalSpec):
+        return arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s)
+    return None
 
 
 def _rate_text(spec: WorkloadSpec, n: float) -> str:
     """The rate that draws `n` requests over the run: rate_rps, or under an arrival curve the mean it makes
     of it (a profile's factor 1e9 is 4e9 req/s, not the 4 req/s written)."""
     rate = (spec.rate_rps or 0.0) * spec.rate_multiplier
-    if not isinstance(spec.arrival, ProfileArrivalSpec | DiurnalSpec):
+    if _rate_curve(spec) is None:
         return f"{rate:g} req/s"
     assert spec.duration_s is not None
     return f"{n / spec.duration_s:.3g} req/s on average (rate_rps x the arrival curve)"

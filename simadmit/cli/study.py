@@ -364,7 +364,7 @@ def _print_results(
             verdict = "[red]no setting tried meets every SLO[/red]"
         console.print(f"\n[bold]{r.policy}[/bold]: {verdict} ({r.simulations} simulations)")
         for path, value in b.setting:
-            console.print(f"  {path} = {value:g}" if isinstance(value, float) else f"  {path} = {value}")
+            console.print(f"  {path} = {_yaml_value(value)}")
         console.print(_winner_table(r, objective, loads[0]))
         console.print(
             f"  throughput cost: vs unconditional, same pool and seeds ({r.unconditional_throughput_rps:.2f} req/s)"
@@ -380,6 +380,13 @@ def _print_results(
         console.print("more GPUs (--objective goodput_per_gpu also searches replicas), less traffic")
         console.print("(--set workload.rate_multiplier=...) or looser SLOs are needed")
     console.print(f"searched points: {out}/optimize.csv")
+
+
+def _yaml_value(value: float | int | bool) -> str:
+    """A searched setting as it would be written in the scenario, so it can be pasted there."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _winner_table(r: PolicyResult, objective: str, first: float) -> Table:

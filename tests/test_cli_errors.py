@@ -2235,7 +2235,12 @@ COMMAND_CASES = [
     CommandCase(
         "replay-timeout-infinite",  # an attempt to a server that hangs was waited on for ever
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--timeout", "inf", "--out", "{tmp}/r"),
-        fragment="'--timeout': Input should be less than or equal to 86400",
+        fragment="--timeout: must be from 1 to 86400 seconds, got inf",
+    ),
+    CommandCase(
+        "replay-timeout-nan",  # was refused as "less than or equal to 86400"
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--timeout", "nan", "--out", "{tmp}/r"),
+        fragment="--timeout: must be from 1 to 86400 seconds, got nan",
     ),
     CommandCase(
         "sweep-address-without-the-ray-backend",  # ran on this machine, the cluster named never used

@@ -567,7 +567,7 @@ SIM_CASES = [
                 "policies", [{"kind": "unconditional", "name": "y"}, {"kind": "unconditional", "name": "x/y"}]
             ),
         ),
-        fragment="variants.0.name: 'a/x': a variant's name is the part before / in its results' names: no /",
+        fragment="variants.0.name: 'a/x' names table rows, results and files: no /, \\ or control characters",
     ),
     Case(
         "policy-kind-unknown",
@@ -885,7 +885,22 @@ SIM_CASES = [
     Case(
         "tier-name-with-a-slash",  # ran; then `plot` of a sweep was a traceback, `compare` "could not write"
         _set("workload.tiers.0.name", "a/b"),
-        fragment="workload.tiers.0.name: 'a/b' names files of its plots (`plot`, `compare`): no /, \\ or control",
+        fragment="workload.tiers.0.name: 'a/b' names table rows, results and files: no /, \\ or control",
+    ),
+    Case(
+        "policy-name-with-a-newline",  # the tables' policy rows and the notes broke over two lines
+        _set("policies.0.name", "gpu\nseconds"),
+        fragment="policies.0.name: 'gpu\\nseconds' names table rows, results and files: no /, \\ or control",
+    ),
+    Case(
+        "pool-name-with-a-slash",
+        _set("pools.0.name", "a/b"),
+        fragment="pools.0.name: 'a/b' names table rows, results and files: no /, \\ or control",
+    ),
+    Case(
+        "scenario-name-with-a-tab",
+        _set("name", "a\tb"),
+        fragment="scenario.yaml: name: 'a\\tb' names table rows, results and files",
     ),
     Case(
         "tier-shares-overflow",  # their sum overflowed: every request went to the second tier

@@ -31,6 +31,7 @@ from simadmit.config.workload_schema import (
     ExponentialSpec,
     FixedSpec,
     LogNormalSpec,
+    Name,
     Spec,
     WorkloadSpec,
 )
@@ -143,7 +144,7 @@ class AutoscalerSpec(Spec):
 
 
 class PoolSpec(Spec):
-    name: str = Field(default="pool", min_length=1)
+    name: Name = "pool"
     profile: str = Field(
         min_length=1, description="profile file (relative to the scenario) or a bundled profile name"
     )
@@ -325,12 +326,12 @@ class ClientSpec(Spec):
 
 class UnconditionalSpec(Spec):
     kind: Literal["unconditional"]
-    name: str | None = None
+    name: Name | None = None
 
 
 class QueueDepthSpec(Spec):
     kind: Literal["queue_depth"]
-    name: str | None = None
+    name: Name | None = None
     max_queued: int = Field(
         ge=0,
         description="reject when this many admitted requests wait unscheduled; 0 = no waiting room (a loss "
@@ -341,7 +342,7 @@ class QueueDepthSpec(Spec):
 
 class GpuSecondsSpec(Spec):
     kind: Literal["gpu_seconds"]
-    name: str | None = None
+    name: Name | None = None
     budgets_s: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_BUDGETS_S),
         description="wait budget per tier, seconds of predicted wait",
@@ -365,7 +366,7 @@ class GpuSecondsSpec(Spec):
 
 class PredictedTtftSpec(Spec):
     kind: Literal["predicted_ttft"]
-    name: str | None = None
+    name: Name | None = None
     budgets_s: dict[str, Annotated[float, Field(gt=0)]] | None = Field(
         default=None, description="TTFT budget per tier, seconds from the first attempt (default: its SLO)"
     )
@@ -396,7 +397,7 @@ class PredictedTtftSpec(Spec):
 
 class SaturationSpec(Spec):
     kind: Literal["saturation"]
-    name: str | None = None
+    name: Name | None = None
     critical: list[str] | None = Field(
         default=None, description="tiers never shed (default: the tier with the tightest TTFT SLO)"
     )
@@ -412,7 +413,7 @@ class BucketSpec(Spec):
 
 class TokenBucketSpec(Spec):
     kind: Literal["token_bucket"]
-    name: str | None = None
+    name: Name | None = None
     tiers: dict[str, BucketSpec] = Field(description="a bucket per tier (tiers absent: not limited)")
 
 
@@ -423,13 +424,13 @@ class LimitSpec(Spec):
 
 class RateLimitSpec(Spec):
     kind: Literal["rate_limit"]
-    name: str | None = None
+    name: Name | None = None
     tiers: dict[str, LimitSpec] = Field(description="limits per tier over fixed one-minute windows")
 
 
 class PostHocTokensSpec(Spec):
     kind: Literal["post_hoc_tokens"]
-    name: str | None = None
+    name: Name | None = None
     tokens_per_minute: dict[str, Annotated[float, Field(gt=0)]] = Field(
         description="per tier: tokens (prompt + output) charged at completion, per one-minute window"
     )
@@ -449,17 +450,8 @@ PolicySpec = Annotated[
 
 
 class VariantSpec(Spec):
-    name: str = Field(min_length=1)
+    name: Name
     set: dict[str, object] = Field(description="overrides of this variant, by path, as with --set")
-
-    @field_validator("name")
-    @classmethod
-    def _no_slash(cls, v: str) -> str:
-        """Results are keyed `variant/policy`: variant `a/x` with policy `y` and variant `a` with policy
-        `x/y` would be one key, their runs mixed into one."""
-        if "/" in v:
-            raise ValueError(f"{v!r}: a variant's name is the part before / in its results' names: no /")
-        return v
 
     @field_validator("set")
     @classmethod
@@ -473,7 +465,7 @@ class VariantSpec(Spec):
 
 
 class ScenarioSpec(Spec):
-    name: str = "scenario"
+    name: Name = "scenario"
     description: str = ""
     variants: list[VariantSpec] = Field(
         default_factory=list,

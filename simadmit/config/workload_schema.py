@@ -12,7 +12,15 @@ import types
 import typing
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 
@@ -95,6 +103,18 @@ MAX_CV = 100.0  # burstier arrivals than this are a typo (and a near-zero gamma 
 MAX_TIERS = 1000  # classes of service, not tenants (map API keys to tiers): every table has a row per tier
 MAX_SHARE = 1e12  # tier shares are normalised: a larger one is a typo (and their sum could overflow)
 MIN_CV = 0.001  # as regular as arrivals get: a smaller cv's gamma shape (1 / cv^2) overflows
+
+
+def _one_line(v: str) -> str:
+    """A name heads a row of the printed tables and is part of result keys (`variant/policy`) and file
+    names (the per-tier plots of `plot` and `compare`)."""
+    if any(c in "/\\" or not c.isprintable() for c in v):
+        raise ValueError(f"{v!r} names table rows, results and files: no /, \\ or control characters")
+    return v
+
+
+Name = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_one_line)]
+"""The name of a tier, pool, policy, variant or scenario."""
 
 
 # --- distributions -----------------------------------------------------------------------------------
@@ -337,7 +357,7 @@ class SLOSpec(Spec):
 
 
 class TierSpec(Spec):
-    name: str = Field(min_length=1, max_length=100)
+    name: Name
     share: float = Field(
         default=1.0, gt=0, le=MAX_SHARE, description="fraction of arrivals (shares are normalised)"
     )
@@ -360,16 +380,6 @@ class TierSpec(Spec):
     end_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
     )
-
-    @field_validator("name")
-    @classmethod
-    def _file_name_part(cls, v: str) -> str:
-        """A tier's name is part of file names (the per-tier plots of `plot` and `compare`)."""
-        if any(c in "/\\" or not c.isprintable() for c in v):
-            raise ValueError(
-                f"{v!r} names files of its plots (`plot`, `compare`): no /, \\ or control characters"
-            )
-        return v
 
     @model_validator(mode="after")
     def _window(self) -> TierSpec:

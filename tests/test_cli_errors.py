@@ -418,6 +418,12 @@ SIM_CASES = [
         fragment="pools.0.replicas: Input should be a number, not true",
     ),
     Case(
+        "set-breaks-a-rule-across-fields",  # named the file alone, where --set wrote the e2e_s that broke it
+        _set("workload.tiers.0.slo", {"ttft_s": 1.0}),
+        args=("--set", "workload.tiers.0.slo.e2e_s=0.5"),
+        fragment="scenario.yaml and --set: workload.tiers.0.slo: e2e_s (0.5 s) under ttft_s (1 s)",
+    ),
+    Case(
         "pool-serves-unknown-tier",
         _set("pools.0.tiers", ["gold"]),
         fragment="scenario.yaml: pools.0.tiers: no tier 'gold' (tiers: interactive)",

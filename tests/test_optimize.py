@@ -169,7 +169,9 @@ def test_a_true_false_field_is_searched_over_false_and_true(tmp_path: Path) -> N
             "clients.honor_retry_after=false:true", "--rounds", "1", "--jobs", "1", "--out", str(tmp_path / "o")]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    (chosen,) = [line.split(" = ")[1] for line in result.output.splitlines() if "honor_retry_after = " in line]
+    (chosen,) = [
+        line.split(" = ")[1] for line in result.output.splitlines() if "honor_retry_after = " in line
+    ]
     assert chosen in ("true", "false"), result.output
     table = pd.read_csv(tmp_path / "o" / "optimize.csv")
     assert set(table["clients.honor_retry_after"]) == {False, True}

@@ -62,9 +62,7 @@ def replay_command(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="workload seed (default: the scenario's)")] = None,
     label: Annotated[str, typer.Option(help="the policy column of the tables")] = "real",
-    timeout: Annotated[
-        float, typer.Option(help="seconds one attempt may take, from 1 to a day")
-    ] = 600.0,
+    timeout: Annotated[float, typer.Option(help="seconds one attempt may take, from 1 to a day")] = 600.0,
     server: Annotated[
         str | None,
         typer.Option(

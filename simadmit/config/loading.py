@@ -38,6 +38,11 @@ from simadmit.config.workload_schema import EmpiricalSpec, FitArrivalSpec, Trace
 Origin = Callable[[str], str | Path | None]  # where a field was written: the option that set it, or the file
 
 
+def by_option(where: str | Path | None) -> bool:
+    """An origin that is a command-line option alone (`--set`), not the file nor the file with an option."""
+    return isinstance(where, str) and where.startswith("--")
+
+
 def load_scenario(
     path: str | Path,
     overrides: dict[str, object] | None = None,
@@ -106,9 +111,16 @@ def scenario_with_origin(
     options = [(w, (set_by or {}).get(path)) for w, path in zip(written, overrides or {}, strict=True)]
 
     def origin(field: str) -> str | Path | None:
-        """Where `field` was written: by an override of it or of a mapping or list above it, or in the file."""
+        """Where `field` was written: by an override of it or of a mapping or list above it, or in the file;
+        a field an override wrote a part of (a rule across its parts: `slo` when `--set` wrote its e2e_s)
+        was written by both."""
         by = [o for w, o in options if o is not None and (field == w or field.startswith(f"{w}."))]
-        return by[-1] if by else source
+        if by:
+            return by[-1]
+        parts = dict.fromkeys(
+            o for w, o in options if o is not None and (not field or w.startswith(f"{field}."))
+        )
+        return " and ".join([str(source)] * (source is not None) + list(parts)) if parts else source
 
     return _checked(data, source, origin, workload_traces), origin
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from simadmit.config.errors import InputError, problem
-from simadmit.config.loading import Origin, trace_refs
+from simadmit.config.loading import Origin, by_option, trace_refs
 from simadmit.config.schema import ScenarioSpec
 from simadmit.config.workload_schema import (
     MAX_SECONDS,
@@ -93,7 +93,7 @@ def _size_problem(spec: ScenarioSpec, origin: Origin) -> str | None:
         field, what = "workload.requests", f"{n:.3g} requests"
     else:  # named by the one an option wrote, if one did (--set workload.rate_multiplier=1000)
         causes = ("workload.duration_s", "workload.rate_rps", "workload.rate_multiplier")
-        field = next((f for f in causes if origin(f) != origin("workload")), causes[0])
+        field = next((f for f in causes if by_option(origin(f))), causes[0])
         what = f"{w.duration_s:g} s at {_rate_text(w, n)} is about {n:.3g} requests"
     if n > MAX_REQUESTS:
         return problem(

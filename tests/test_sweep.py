@@ -16,6 +16,7 @@ from simadmit.config.loading import load_scenario
 from simadmit.sim.world import build_world
 from simadmit.study import backends
 from simadmit.study.backends import process_map, run_sweep
+from simadmit.study.dimensions import parse_dimension
 from simadmit.study.grid import parse_param, plan_sweep
 from simadmit.study.runner import run_scenario
 from simadmit.study.store import PointStore
@@ -41,6 +42,9 @@ def test_param_syntax() -> None:
     assert parse_param("pools.0.replicas=2:8:4").values == (2, 4, 6, 8)
     huge = parse_param("workload.rate_rps=1:1e308:3").values  # not integers of 308 digits
     assert huge == (1.0, 5e307, 1e308) and all(isinstance(v, float) for v in huge)
+    ends = ("1_000:3_000", "2.0:8")  # whole numbers however written; a float written as such stays one
+    assert [type(v) for r in ends for v in parse_param(f"x={r}:3").values] == [int] * 3 + [float] * 3
+    assert [parse_dimension(f"x={r}").integer for r in ends] == [True, False]  # optimize's rule is the same
     assert parse_param("policies.gpu_seconds.headroom=0.7,0.8,0.9,1.0").values == (0.7, 0.8, 0.9, 1.0)
     assert parse_param("gateway.routing=[least_work, round_robin]").values == ("least_work", "round_robin")
     for bad in ("workload.rate_multiplier", "=1,2", "x=1:2:1", "x="):

@@ -22,7 +22,7 @@ from simadmit.config.loading import scenario_from_dict
 from simadmit.config.overrides import list_index, lookup
 from simadmit.config.schema import GpuSecondsSpec, QueueDepthSpec, policy_name
 from simadmit.sim.world import build_world
-from simadmit.study.grid import RANGE_ENDS, range_ends
+from simadmit.study.grid import RANGE_ENDS, range_ends, whole_ends
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def parse_dimension(text: str) -> Dimension:
             ]
         )
     lo, hi = limits
-    return Dimension(path.strip(), lo, hi, "." not in raw and "e" not in raw.lower())
+    return Dimension(path.strip(), lo, hi, whole_ends(*ends))
 
 
 def default_dimensions(document: dict, source: Path, policy: str, per_gpu: bool) -> list[Dimension]:

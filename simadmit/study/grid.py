@@ -29,7 +29,6 @@ from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import ScenarioSpec
 
 _RANGE = re.compile(r"^[^,\[\]{}'\"]*:[^,\[\]{}'\"]*$")  # lo:hi:n, or a range mistyped (1:4, 1:2:3:4)
-_RANGE_INT = re.compile(r"\s*[-+]?\d+\s*")  # a range end written as a whole number (not 1e308, not 2.0)
 _MAX_PROBLEMS = 20
 MAX_POINTS = 10_000  # a grid larger than this is a typo (1:2:1000000000), not a study that could finish
 
@@ -116,6 +115,12 @@ def range_ends(lo: str, hi: str) -> tuple[float, float] | None:
     return ends if ends[0] <= ends[1] and math.isfinite(ends[1] - ends[0]) else None
 
 
+def whole_ends(lo: str, hi: str) -> bool:
+    """Both ends of a range written as whole numbers (`1:16`; not `2.0:16` nor `1:1e308`): the range then
+    takes whole values, as the field it searches or sweeps surely does."""
+    return all(re.fullmatch(r"\s*[-+]?[\d_]+\s*", end) for end in (lo, hi))
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -159,7 +164,7 @@ def parse_param(text: str) -> Param:
             )
         step = (hi - lo) / (n - 1) if n > 1 else 0.0
         values: list[object] = [_tidy(lo + i * step) for i in range(n)]
-        if step.is_integer() and all(_RANGE_INT.fullmatch(end) for end in parts[:2]):
+        if step.is_integer() and whole_ends(*parts[:2]):
             values = [int(v) for v in values]  # type: ignore[call-overload]
         _distinct(text, values)
         return Param(path, tuple(values))

@@ -52,11 +52,7 @@ def expected_requests(spec: WorkloadSpec) -> float:
 def _rate_curve(spec: WorkloadSpec) -> arrivals.Shape | None:
     """The curve a `profile` or `diurnal` arrival puts on the rate over time; None for a steady rate."""
     a = spec.arrival
-    if isinstance(a, ProfileArrivalSpec):
-        return arrivals.RateCurve(tuple(a.points))
-    if isinstance(a, DiurnalSpec):
-        return arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s)
-    return None
+    return traffic.rate_curve(a) if isinstance(a, ProfileArrivalSpec | DiurnalSpec) else None
 
 
 def _rate_text(spec: WorkloadSpec, n: float) -> str:

@@ -61,10 +61,8 @@ def arrival_process(spec: WorkloadSpec) -> tuple[arrivals.ArrivalProcess, float]
         process: arrivals.ArrivalProcess = arrivals.GammaRenewal(a.cv)
     elif isinstance(a, MMPPSpec):
         process = arrivals.MMPP2(a.burst_factor, a.calm_s, a.burst_s)
-    elif isinstance(a, ProfileArrivalSpec):
-        process = arrivals.TimeVarying(arrivals.RateCurve(tuple(a.points)), a.cv)
-    elif isinstance(a, DiurnalSpec):
-        process = arrivals.TimeVarying(arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s), a.cv)
+    elif isinstance(a, ProfileArrivalSpec | DiurnalSpec):
+        process = arrivals.TimeVarying(rate_curve(a), a.cv)
     elif isinstance(a, FitArrivalSpec):
         fit = trace_fit.fit_trace(load(a.trace).frame["arrival_s"].to_numpy(), a.bin_s)
         process = fit.process()
@@ -73,6 +71,13 @@ def arrival_process(spec: WorkloadSpec) -> tuple[arrivals.ArrivalProcess, float]
         process = arrivals.Poisson()
     assert rate is not None, "checked by the scenario schema"
     return process, rate
+
+
+def rate_curve(a: ProfileArrivalSpec | DiurnalSpec) -> arrivals.Shape:
+    """The curve a `profile` or `diurnal` arrival puts on the rate over time."""
+    if isinstance(a, ProfileArrivalSpec):
+        return arrivals.RateCurve(tuple(a.points))
+    return arrivals.Diurnal(a.amplitude, a.period_s, a.peak_s)
 
 
 def trace_lengths(spec: TraceFileSpec, column: str) -> tuple[float, ...]:

@@ -1893,7 +1893,7 @@ COMMAND_CASES = [
             "--out",
             "{tmp}/r",
         ),
-        fragment="ok.yaml: workload: no request arrives in this workload",
+        fragment="ok.yaml and --set: workload: no request arrives in this workload",  # --set's rate made it so
     ),
     CommandCase(
         "compare-different-scenarios",

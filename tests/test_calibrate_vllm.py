@@ -130,10 +130,14 @@ def test_kv_capacity_equals_cache_config_info(calibrated: Calibrated, vllm_serve
 
 
 def test_continuous_batching_is_visible(calibrated: Calibrated) -> None:
-    """Aggregate decode throughput at concurrency 8 is well above concurrency 1 (measured: about 5x)."""
+    """Aggregate decode throughput at concurrency 8 is well above concurrency 1.
+
+    A server that decoded one request at a time would give about 1x, and the CPU's 20-50% noise cannot carry
+    that to 2x. How far above it a batch goes is the hardware's: about 5x on an AVX2 CPU serving float32,
+    3.0x on an AVX-512 one serving bfloat16, whose lone decode step is already cheaper."""
     rows = read_measurements(calibrated.csv_path)
     one, eight = (aggregate_throughput(rows, "decode", c) for c in (1, 8))
-    assert eight > 3 * one, (one, eight)
+    assert eight > 2 * one, (one, eight)
 
 
 def test_profile_reports_its_fit(calibrated: Calibrated) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,10 @@ def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*command(), *args], capture_output=True, text=True, env=env(), timeout=300, check=False, **kwargs
     )  # type: ignore[call-overload]
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """In a child before it starts (`preexec_fn`): Ctrl-C at its default, as a terminal's foreground command has
+    it. A test run started in the background by a script inherits SIGINT ignored (shells ignore it in
+    asynchronous jobs), and Python keeps an inherited ignore, so the command would run on through the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

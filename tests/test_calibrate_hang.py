@@ -31,6 +31,7 @@ from simadmit.calibrate.deadline import BudgetSpent, Stalls, grace_s, stall_afte
 from simadmit.calibrate.measurements import measurements_path, read_measurements
 from simadmit.calibrate.phases import Cell, RunnerSettings, RunStats, in_rounds
 from simadmit.calibrate.run import CalibrationConfig, _run_with_progress, calibrate
+from tests.console import ctrl_c_as_in_a_terminal
 from tests.fake_vllm import FakeVllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +87,7 @@ def test_ctrl_c_against_a_hung_server_is_one_line_and_exit_130(tmp_path: Path) -
             [SIMADMIT, "calibrate", "--endpoint", server.url, "--out", str(out), "--budget", "10m",
              "--max-concurrency", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=ctrl_c_as_in_a_terminal,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while server.completions < 6 and time.monotonic() < deadline:  # both workers are now hung

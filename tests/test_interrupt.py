@@ -19,7 +19,7 @@ import yaml
 
 from simadmit.results.run_folder import read_manifest
 from simadmit.study.backends import _between_waits
-from tests.console import command, env
+from tests.console import command, ctrl_c_as_in_a_terminal, env
 from tests.fake_openai import fake_server
 from tests.test_loadgen import scenario_doc
 
@@ -50,7 +50,7 @@ def _interrupt_timed(
     launched = time.monotonic()
     proc = subprocess.Popen(
         [*command(), *args], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env(),
-        start_new_session=True, preexec_fn=_ctrl_c_as_in_a_terminal,
+        start_new_session=True, preexec_fn=ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     assert proc.stderr is not None
     lines, read_at = [""], [launched]
@@ -71,13 +71,6 @@ def _interrupt_timed(
         time.sleep(0.2)
     assert not _group_alive(proc.pid), "a process of the command outlived it"
     return proc.returncode, "".join(lines) + rest + stdout, seconds, list(zip(read_at, lines, strict=True))
-
-
-def _ctrl_c_as_in_a_terminal() -> None:
-    """In the child before it starts: Ctrl-C at its default, as a terminal's foreground command has it. A test
-    run started in the background by a script inherits SIGINT ignored (shells ignore it in asynchronous jobs),
-    and Python keeps an inherited ignore, so the command would run on through the Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _group_alive(group: int) -> bool:

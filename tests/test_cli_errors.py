@@ -1303,6 +1303,11 @@ CALIBRATE_CASES = [
         fragment="ok.yaml: already exists: give --out a new file, or remove it",  # it was measured, then replaced
     ),
     CalibrateCase(
+        "out-inside-a-file",  # said "cannot write it (File exists)" once the server had answered
+        ("calibrate", "--endpoint", "{url}", "--out", "{in}/ok.yaml/p.yaml"),
+        fragment="ok.yaml is a file, not a folder",
+    ),
+    CalibrateCase(
         "resume-with-nothing-to-resume",
         ("calibrate", "--endpoint", "{url}", "--out", "{tmp}/typo.yaml", "--resume"),
         fragment="typo.measurements.csv: nothing to resume: no measurements file (drop --resume",

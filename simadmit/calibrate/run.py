@@ -36,7 +36,7 @@ from simadmit.calibrate.phases import (
     plan_cells,
 )
 from simadmit.calibrate.prompts import SAMPLE_TEXT, PromptMaker
-from simadmit.config.errors import InputError, problem
+from simadmit.config.errors import InputError, cannot_write_in, problem
 from simadmit.config.profile import EngineLimits, Profile, profile_from_dict, save_profile, summary_figures
 
 
@@ -92,7 +92,8 @@ async def _connect(client: httpx.AsyncClient, cfg: CalibrationConfig) -> tuple[E
 
 def check_out(out: Path, resume: bool) -> None:
     """Before anything is measured or launched: a new calibration writes over no file (a profile, or
-    anything else given as --out), and `--resume` needs the measurements file it continues."""
+    anything else given as --out), in a folder it can write in, and `--resume` needs the measurements file
+    it continues."""
     csv_path = measurements_path(out)
     if out.is_symlink() and not out.exists():  # the profile would be written through it at the very end
         raise InputError(
@@ -104,6 +105,8 @@ def check_out(out: Path, resume: bool) -> None:
         )
     if csv_path.is_dir():
         raise InputError([problem(csv_path, None, "is a folder, where the measurements file goes")])
+    if why := cannot_write_in(out.parent):  # the measurements file and the profile both go there
+        raise InputError([problem(out, None, why)])
     if resume and not csv_path.is_file():
         why = "nothing to resume: no measurements file (drop --resume to start a calibration)"
         raise InputError([problem(csv_path, None, why)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 
@@ -220,6 +221,20 @@ def unreadable(e: OSError) -> str:
     """Why a file that is there cannot be read, as every reader says so: `cannot read it (Permission denied)`
     (the system's words for its error number: pyarrow's strerror is a whole message naming the file again)."""
     return f"cannot read it ({os.strerror(e.errno) if e.errno else e})"
+
+
+def cannot_write_in(where: Path) -> str | None:
+    """Why nothing can be created in the folder `where` (made when missing), or None: the nearest of it and
+    its parents that exists is a file, or refuses a new file (read-only, a system folder). Creates nothing."""
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return f"{where} is a file, not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".simadmit-probe-", dir=where))
+    except OSError as e:
+        return f"cannot write in {where} ({e.strerror or e})"
+    return None
 
 
 def read_yaml(path: str | Path, what: str) -> object:

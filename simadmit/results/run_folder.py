@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simadmit.config.errors import InputError, problem, unreadable
+from simadmit.config.errors import InputError, cannot_write_in, problem, unreadable
 
 MANIFEST = "manifest.json"
 DAMAGED = "damaged"  # what `held_run` calls a folder whose manifest cannot be read: a run of unknown kind
@@ -90,15 +90,8 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
         )
     if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
-    where = out.parent if replace else out
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    if not where.is_dir():
-        raise InputError([problem(out, None, f"{where} is a file, not a folder")])
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".simadmit-probe-", dir=where))
-    except OSError as e:
-        raise InputError([problem(out, None, f"cannot write in {where} ({e.strerror or e})")]) from None
+    if unwritable := cannot_write_in(out.parent if replace else out):
+        raise InputError([problem(out, None, unwritable)])
     if replace and out.is_dir():
         foreign = sorted(p.name for p in out.iterdir() if p.is_dir() or p.suffix not in _OURS)
         if foreign:

@@ -2019,6 +2019,23 @@ COMMAND_CASES = [
         fragment="--port {busy}: cannot listen there",  # past the scenario: the trace is never read
     ),
     CommandCase(
+        "gateway-two-profiles-for-one-pool",  # the last was taken, silently
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--profile",
+            "llama-3.1-8b-h100",
+            "--profile",
+            "p=smollm2-135m-cpu",
+            "--port",
+            "{busy}",
+        ),
+        fragment="--profile p=smollm2-135m-cpu: pool 'p' already has a profile (--profile llama-3.1-8b-h100)",
+    ),
+    CommandCase(
         "gateway-profile-is-a-folder",
         (
             "gateway",

@@ -21,9 +21,11 @@ from simadmit.config.resources import resolve_scenario
 
 
 def profile_overrides(profiles: list[str], pools: list[str]) -> dict[str, object]:
-    """`--profile PATH` (every pool) or `--profile POOL=PATH` as overrides of the pools' profiles; a path
-    that exists here is made absolute, since the scenario resolves relative paths against its own folder."""
+    """`--profile PATH` (every pool) or `--profile POOL=PATH` as overrides of the pools' profiles, one per
+    pool; a path that exists here is made absolute, since the scenario resolves relative paths against its
+    own folder."""
     out: dict[str, object] = {}
+    given: dict[str, str] = {}  # pool -> the argument that gave its profile
     for arg in profiles:
         name, sep, ref = arg.partition("=")
         if not sep:
@@ -36,6 +38,10 @@ def profile_overrides(profiles: list[str], pools: list[str]) -> dict[str, object
             ref = str(Path(ref).resolve())
         for i, pool in enumerate(pools):
             if name in ("", pool):
+                if pool in given:  # which one the gateway prices with would be the order's accident
+                    why = f"pool {pool!r} already has a profile (--profile {given[pool]}): give each pool one"
+                    raise InputError([f"--profile {arg}: {why}"])
+                given[pool] = arg
                 out[f"pools.{i}.profile"] = ref
     return out
 

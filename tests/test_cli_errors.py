@@ -1116,6 +1116,11 @@ SIM_CASES = [
         fragment="--set: workload.rate_rps=: no value after '='",
     ),
     Case(
+        "set-control-character",
+        args=("--set", "name=ti\x01ny"),
+        fragment="not valid YAML (unacceptable character #x0001: special characters are not allowed)",
+    ),
+    Case(
         "set-time-of-day-number",  # YAML 1.1's base 60: silently 90 s
         args=("--set", "workload.duration_s=1:30"),
         fragment="error: --set: workload.duration_s: Input should be a valid number",
@@ -1506,6 +1511,12 @@ COMMAND_CASES = [
         "simulate-nested-too-deeply",  # a RecursionError from the YAML parser
         ("simulate", "{in}/deep.yaml"),
         fragment="deep.yaml: not valid YAML (nested too deeply)",
+    ),
+    CommandCase(
+        "simulate-control-character-in-scenario",  # PyYAML's two lines, naming a position but no line
+        ("simulate", "{in}/control.yaml", "--out", "{tmp}/run"),
+        fragment="control.yaml: line 1: not valid YAML (unacceptable character #x0000: special characters are "
+        "not allowed)",
     ),
     CommandCase(
         "simulate-bom-crlf-scenario",
@@ -2378,6 +2389,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "batch-tier.yaml").write_text(text.replace("name: interactive", "name: batch"))
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
+    (root / "control.yaml").write_text(text.replace("name: tiny", "name: ti\x00ny"))
     (root / "base-60.yaml").write_text(text.replace("duration_s: 4", "duration_s: 1:30"))
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})

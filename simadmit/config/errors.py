@@ -200,6 +200,13 @@ def load_yaml_text(text: str) -> object:
         return yaml.load(text, _UniqueKeyLoader)
     except RecursionError:  # the parser recurses once per level of brackets or indentation
         raise yaml.YAMLError(TOO_DEEP) from None
+    except yaml.reader.ReaderError as e:  # a control character: PyYAML says so on two lines, and no line
+        before = text[: e.position]
+        line, column = before.count("\n"), e.position - before.rfind("\n") - 1
+        raise yaml.MarkedYAMLError(
+            problem=f"unacceptable character #x{e.character:04x}: {e.reason}",
+            problem_mark=yaml.Mark(e.name, e.position, line, column, None, 0),
+        ) from None
 
 
 def not_yaml(e: yaml.YAMLError) -> str:

@@ -2259,6 +2259,11 @@ COMMAND_CASES = [
         fragment="--label: must not be empty",
     ),
     CommandCase(
+        "replay-label-with-a-slash",  # was sent; the policy column held what no scenario's policy may be named
+        ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--label", "a/b", "--out", "{tmp}/r"),
+        fragment="--label: 'a/b' names table rows, results and files: no /, \\ or control characters",
+    ),
+    CommandCase(
         "plot-an-optimize-folder",  # "no sweep.parquet, ... to plot", while a replay's line said plot drew it
         ("plot", "{in}/optimized"),
         fragment="optimized: holds an optimize run: plot draws simulate and sweep folders (optimize.csv holds",

@@ -16,15 +16,17 @@ from typing import Annotated
 
 import pandas as pd
 import typer
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from simadmit.calibrate.client import normalize_base_url, without_credentials
 from simadmit.cli.common import MAX_REPLICATIONS, check_seed, fail, preflight, print_notes, print_problems
-from simadmit.config.errors import InputError, problem, read_yaml
+from simadmit.config.errors import InputError, problem, pydantic_problems, read_yaml
 from simadmit.config.loading import load_scenario_with_origin
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
+from simadmit.config.workload_schema import Name
 from simadmit.loadgen.plan import make_plan
 from simadmit.loadgen.run import ReplayConfig, ReplayRun, replay
 from simadmit.loadgen.tables import OUTCOME, write_run
@@ -97,6 +99,10 @@ def replay_command(
             raise InputError(
                 [problem(None, "--label", "must not be empty: it names the run in the policy column")]
             )
+        try:  # a policy's name, as a scenario's policies are named: no /, no newline
+            TypeAdapter(Name).validate_python(label)
+        except ValidationError as e:
+            raise InputError(pydantic_problems(None, e, "--label")) from None
         if held_run(out) is not None:  # before sending anything: a run cannot be sent twice
             raise InputError([problem(out, None, "already holds a run; choose another --out")])
         check_destination(out, replace=False, command="replay")

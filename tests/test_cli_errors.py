@@ -1639,6 +1639,18 @@ COMMAND_CASES = [
             ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99<=3s"),
         )
     ),
+    *(
+        CommandCase(
+            f"{args[0]}-scenario-with-variants",  # simulated the scenario alone, its variants left out unsaid
+            (*args, "--out", "{tmp}/run"),
+            code=0,
+            fragment=f"note: {args[0]} runs the scenario's own settings; its variants (one, two) are left out",
+        )
+        for args in (
+            ("sweep", "{in}/variants.yaml", "--param", "workload.rate_rps=1,2"),
+            ("optimize", "{in}/variants.yaml", "--slo", "interactive.ttft_p99<=3s", "--loads", "1"),
+        )
+    ),
     CommandCase(
         "optimize-a-load-twice",  # the same simulations run twice, to no end
         (
@@ -2395,6 +2407,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "deep.yaml").write_text("workload: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "dup.yaml").write_text(text + "name: again\n")
     (root / "control.yaml").write_text(text.replace("name: tiny", "name: ti\x00ny"))
+    (root / "variants.yaml").write_text(
+        yaml.safe_dump({**doc, "variants": [{"name": "one", "set": {}}, {"name": "two", "set": {}}]})
+    )
     (root / "base-60.yaml").write_text(text.replace("duration_s: 4", "duration_s: 1:30"))
     (root / "huge.yaml").write_text(
         yaml.safe_dump({**doc, "workload": {**doc["workload"], "rate_rps": 10**8}})

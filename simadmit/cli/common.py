@@ -100,12 +100,18 @@ def preflight(spec: ScenarioSpec, base: Path, origin: Origin, seed: int | None =
     return notes
 
 
-def preflight_each(runs: list[tuple[str, ScenarioSpec, Origin, int | None]], source: Path) -> list[str]:
-    """`preflight` of every run a study will make (a sweep's points, optimize's loads), before any starts,
-    so a bad trace or a workload too big is refused up front rather than by a worker midway. `runs` are
-    (label, spec, the origin of its fields, seed); runs sharing their workload, pools and seed are checked
-    once, and each problem is reported once, labelled with the first run it was found in."""
+def preflight_each(
+    runs: list[tuple[str, ScenarioSpec, Origin, int | None]], source: Path, command: str
+) -> list[str]:
+    """`preflight` of every run a study (`command`) will make (a sweep's points, optimize's loads), before
+    any starts, so a bad trace or a workload too big is refused up front rather than by a worker midway.
+    `runs` are (label, spec, the origin of its fields, seed); runs sharing their workload, pools and seed are
+    checked once, and each problem is reported once, labelled with the first run it was found in. A study
+    simulates the scenario's own settings: variants it leaves out are named in a note."""
     notes: list[str] = []
+    if variants := sorted({v.name for _, spec, _, _ in runs for v in spec.variants}):
+        left_out = f"its variants ({', '.join(variants)}) are left out: `simadmit simulate` runs them"
+        notes.append(f"{command} runs the scenario's own settings; {left_out}")
     problems: list[str] = []
     seen_runs: set[str] = set()
     seen_problems: set[str] = set()

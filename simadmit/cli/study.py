@@ -146,6 +146,7 @@ def sweep(
                 for point, seeds in zip(plan.points, plan.seeds, strict=True)
             ],
             path,
+            "sweep",
         )  # every point's traces and size, before any point runs
     except InputError as e:
         fail(e.problems)
@@ -325,7 +326,7 @@ def optimize_cmd(
                 path, o, given_by={"workload.rate_multiplier": "--loads"}
             )
             runs.append((f"--loads {x:g}", spec, origin, seed))
-        notes = preflight_each(runs, path)
+        notes = preflight_each(runs, path, "optimize")
     except InputError as e:
         fail(e.problems)
         return

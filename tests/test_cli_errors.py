@@ -2329,6 +2329,11 @@ COMMAND_CASES = [
         fragment="the unit '%' does not fit ttft_p99_s (write s or ms, or no unit)",
     ),
     CommandCase(
+        "optimize-slo-floor-on-a-latency",  # taken as "at least 3 s": met only by a slow setting
+        ("optimize", "{in}/ok.yaml", "--slo", "interactive.ttft_p99>=3s", "--out", "{tmp}/o"),
+        fragment="ttft_p99_s is better the lower it is: bound it with <=",
+    ),
+    CommandCase(
         "optimize-slo-rate-without-its-percent",  # rejection<=2 read as a share of 2: met by every setting
         ("optimize", "{in}/ok.yaml", "--slo", "interactive.rejection<=2", "--out", "{tmp}/o"),
         fragment="rejection_rate is a share, from 0 to 1: for 2 percent write 2%",

@@ -47,7 +47,8 @@ def mmc_scenario(tmp_path: Path, duration_s: float = 1500) -> Path:
 
 
 def test_slo_grammar() -> None:
-    """Aliases, units and both directions; unknown measures and bad syntax are errors."""
+    """Aliases, units and both directions; unknown measures, bad syntax and a floor on a measure that is
+    better the lower it is (a latency, a failure rate) are errors."""
     s = parse_slo("interactive.ttft_p99<=3s")
     assert (s.tier, s.measure, s.upper, s.limit) == ("interactive", "ttft_p99_s", True, 3.0)
     assert parse_slo("interactive.rejection<=2%").limit == pytest.approx(0.02)
@@ -58,6 +59,10 @@ def test_slo_grammar() -> None:
     for bad in ("interactive.ttft_p99", "interactive.latency<=3s", "ttft_p99<=3s"):
         with pytest.raises(InputError):
             parse_slo(bad)
+    assert parse_slo("all.utilization<=80%").upper  # a ceiling on a measure that is better higher: headroom
+    for floor in ("interactive.ttft_p99>=3s", "all.rejection>1%", "all.retries_per_request>=0.5"):
+        with pytest.raises(InputError, match="is better the lower it is: bound it with <="):
+            parse_slo(floor)
 
 
 def test_finds_the_erlang_c_replica_count(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """SLOs: the `--slo` grammar of optimize, `tier.measure <= limit` with units, and how far a value meets it.
 
 An SLO names a tier (or `all`), a summary measure and a limit: `interactive.ttft_p99<=3s`,
-`interactive.rejection<=2%`, `all.queue_wait_mean_s<=0.5s`. Short aliases name the summary's measures
-(`ttft_p99` for `ttft_p99_s`, `failure` for `failure_rate`), limits are converted to the measure's own
-unit (ms to seconds, % to a fraction), and each SLO reports its margin and a relative violation so a
+`interactive.rejection<=2%`, `all.queue_wait_mean_s<=0.5s`; `>=` bounds a measure that is better the
+higher it is (`all.goodput>=10`), never a latency or a failure rate. Short aliases name the summary's
+measures (`ttft_p99` for `ttft_p99_s`, `failure` for `failure_rate`), limits are converted to the measure's
+own unit (ms to seconds, % to a fraction), and each SLO reports its margin and a relative violation so a
 search can walk from infeasible settings towards feasible ones. A latency percentile an SLO names counts
 every arrival: a request never answered (rejected, abandoned, aborted) is a miss, so `ttft_p99<=3s` holds
 only when 99% of requests got a first token within 3 s. The `served_` percentiles (completed requests
@@ -44,6 +45,8 @@ SHARES = {  # parts of a whole, from 0 to 1
     "failure_rate", "rejection_rate", "attempt_rejection_rate", "utilization", "slo_attainment",
 }  # fmt: skip
 FRACTIONS = {*SHARES, "work_utilization", "paid_work_utilization"}  # written with % or no unit
+# the less the better: an SLO bounds them from above (a floor on a latency or a failure rate is never a goal)
+CEILINGS = {*DURATIONS, "failure_rate", "rejection_rate", "attempt_rejection_rate", "retries_per_request"}
 SCALE = {"": 1.0, "s": 1.0, "ms": 1e-3, "%": 1e-2}
 
 
@@ -100,6 +103,8 @@ def parse_slo(text: str) -> SLO:
         value = math.nan
     if not 0 <= value < math.inf:  # every measure is a duration, rate or fraction: never below 0
         raise InputError([problem("--slo", text, f"the limit {raw!r} is not a finite number >= 0")])
+    if measure in CEILINGS and not op.startswith("<"):
+        raise InputError([problem("--slo", text, f"{measure} is better the lower it is: bound it with <=")])
     if measure in SHARES and value > 1:  # `rejection<=2` meant 2%: as a share it holds always
         why = "at most 100%" if unit else f"from 0 to 1: for {raw} percent write {raw}%"
         raise InputError([problem("--slo", text, f"{measure} is a share, {why}")])

@@ -52,6 +52,7 @@ DECODE_PROMPT = 64  # tokens of each decoding sequence's prompt
 SETTLED = 15  # tokens every decoding stream has sent before the prompt is inserted
 CHURN_OUTPUT = (20, 60)  # tokens each churning request decodes
 CHURN_S = 45.0  # the first ~10 s turn the starting burst over
+STEADY_OUTPUT = 120  # tokens each sequence of the steady batch decodes: on average half that is in its KV
 
 
 Tokens = list[tuple[float, int]]  # (perf_counter, tokens out so far) at each event of one stream
@@ -186,7 +187,7 @@ async def measure(
                     inserts.setdefault((prompt, batch), []).append(await insert(s, prompt, batch))
             for batch in (b for b in batches if b > 1):
                 for prompt in churning:
-                    still = await steady(s, prompt, batch, 120)
+                    still = await steady(s, prompt, batch, STEADY_OUTPUT)
                     churns.setdefault((prompt, batch), []).append(
                         (still, *await churn(s, prompt, batch, rng))
                     )
@@ -215,7 +216,7 @@ def print_tables(profile: Profile, inserts: Cells, churns: Cells) -> None:
     print("|---|---|---|---|---|")
     for (prompt, batch), rows in sorted(churns.items()):
         joins, context = median(rows, 2), batch * median(rows, 3)
-        still = step.step_time(0, batch, batch * (prompt + 60))
+        still = step.step_time(0, batch, batch * (prompt + STEADY_OUTPUT / 2))
         # the mean step: the batch's decode and `joins` prompts' prefill (their tokens, KV and attention)
         tokens = joins * prompt
         moving = step.step_time(tokens, batch, context + tokens, joins * prefill_attention_pairs(prompt, 0))

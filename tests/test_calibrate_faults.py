@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simadmit.calibrate.client import Endpoint
+from simadmit.calibrate.client import Endpoint, completion_body, token_arrivals
 from simadmit.calibrate.measurements import MeasurementLog, read_measurements
 from simadmit.calibrate.overhead import OverheadMonitor
 from simadmit.calibrate.phases import Cell, EndpointLost, Runner, RunnerSettings, in_rounds
@@ -84,6 +84,29 @@ def test_each_fault_is_retried_counted_and_logged(tmp_path: Path) -> None:
     ok = rows[-1]
     assert (ok.prompt_tokens, ok.output_tokens, ok.n_chunks) == (4, 3, 3)
     assert 0 < ok.ttft_s <= ok.e2e_s
+    assert len(ok.token_times_s) == 3 and ok.token_times_s[0] == pytest.approx(ok.ttft_s, abs=1e-4)
+    assert list(ok.token_times_s) == sorted(ok.token_times_s)
+
+
+@pytest.mark.parametrize(
+    ("made", "output", "arrivals"),
+    [
+        ([None, None, None], 3, (0.1, 0.2, 0.3)),  # one token per event: no count needed
+        ([1, 3, 4], 4, (0.1, 0.2, 0.2, 0.3)),  # the second event carried two tokens
+        ([None, None, None], 4, ()),  # four tokens in three events, no count says where: unknown
+        ([1, 3, 5], 4, ()),  # the counts do not add up to the answer's tokens
+    ],
+)
+def test_each_token_arrives_with_the_event_that_carried_it(
+    made: list[object], output: int, arrivals: tuple[float, ...]
+) -> None:
+    assert token_arrivals([0.1, 0.2, 0.3], made, output) == arrivals
+
+
+def test_calibration_requests_ask_for_a_token_count_in_every_event() -> None:
+    options = completion_body("m", [1, 2], 8, usage_per_event=True)["stream_options"]
+    assert options == {"include_usage": True, "continuous_usage_stats": True}
+    assert completion_body("m", [1, 2], 8)["stream_options"] == {"include_usage": True}
 
 
 def test_a_request_that_keeps_failing_is_given_up_and_the_run_goes_on(tmp_path: Path) -> None:

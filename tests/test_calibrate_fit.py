@@ -29,6 +29,7 @@ from simadmit.config.profile import (
     EngineLimits,
     StepTimeModel,
     load_profile,
+    prefill_attention_pairs,
     prefill_chunks,
     save_profile,
     solo_service_s,
@@ -196,7 +197,9 @@ def test_observations_count_prefills_inside_a_decode_window_and_drop_burst_artif
     assert window_a.seconds == pytest.approx(0.5)
     assert (window_a.prefill_tokens, window_a.steps) == (128, 10)
     assert window_a.decode_seqs == pytest.approx(10 * 1.6)
-    assert window_a.context_tokens == pytest.approx(10 * 1.6 * (128 + 11 / 2) + 128)  # B's prompt joins once
+    # A's 10 steps hold its prompt and 1..10 tokens made, B's first 6 decode steps its prompt and 1..6; B's
+    # prompt joins once, in its prefill's step
+    assert window_a.context_tokens == pytest.approx(10 * 128 + 55 + 6 * 128 + 21 + 128)
     assert window_b.prefill_tokens == 0
 
 
@@ -225,6 +228,53 @@ def test_the_batch_of_a_decode_window_is_the_decode_windows_overlapping_it() -> 
     assert [round(o.decode_seqs / o.steps, 9) for o in obs] == [8.0] * 8 + [3.0] * 3
     for o in obs:
         assert o.predict(step) == pytest.approx(o.seconds, rel=1e-9)
+
+
+def _two_waves(step: StepTimeModel, prompt: int, output: int) -> list[Measurement]:
+    """Four requests sent at t=100 to an engine whose token budget holds two of their prompts: wave A is prefilled in
+    step 1, wave B in step 2 while A decodes (a long step), then all decode until A, then B, is done; the steps'
+    durations are the step model's, each decoding sequence holding its prompt and the tokens made before."""
+    step_ends, decoding = [], []  # per step: its end, and the waves it decodes
+    plan = [(2 * prompt, [])] + [(2 * prompt, ["A"])] + [(0, ["A", "B"])] * (output - 2) + [(0, ["B"])]
+    t, made = 100.0, {"A": 0, "B": 0}
+    for k, (prefill, waves) in enumerate(plan):
+        kv = sum(2 * (prompt + made[w]) for w in waves)
+        t += step.step_time(
+            prefill, 2 * len(waves), kv + prefill, 2 * prefill_attention_pairs(prompt, 0) if prefill else 0
+        )
+        made.update({w: made[w] + 1 for w in waves} | ({"AB"[k]: 1} if prefill else {}))
+        step_ends.append(t)
+        decoding.append(waves)
+    rows = []
+    for seq, wave in enumerate("AABB"):
+        ends = [e for e, waves in zip(step_ends, decoding, strict=True) if wave in waves]
+        times = [step_ends["AB".index(wave)], *ends]
+        rows.append(replace(
+            BASE, seq=seq, concurrency=4, prompt_tokens=prompt, prompt_tokens_target=prompt, output_tokens=output,
+            output_tokens_target=output, ttft_s=times[0] - 100.0, itl_mean_s=(times[-1] - times[0]) / (output - 1),
+            token_times_s=tuple(x - 100.0 for x in times),
+        ))  # fmt: skip
+    return rows
+
+
+def test_each_token_counts_in_the_step_that_made_it() -> None:
+    """Two waves of a decode cell, the second prefilled while the first decodes: wave A's window holds that
+    long step, wave B's does not. From the tokens' recorded arrivals, every window is predicted exactly by
+    the step model that made it. Spread evenly over A's window instead (a file without arrivals), A's tokens
+    fall too few in B's window, whose batch then reads well short of the 3.9 sequences it decoded."""
+    step = StepTimeModel(0.010, 1.5e-3, 10e-3, 1.0e-6, 0.12e-6, 0.0)
+    rows = _two_waves(step, 256, 16)
+    assert [len(r.token_times_s) for r in rows] == [16] * 4
+    obs, _ = observations(rows, token_budget=512)
+    assert len(obs) == 4
+    for o in obs:
+        assert o.predict(step) == pytest.approx(o.seconds, rel=1e-9)
+    assert [o.decode_seqs / o.steps for o in obs] == pytest.approx(
+        [2 + 2 * 14 / 15] * 2 + [(4 * 14 + 2) / 15] * 2
+    )
+    spread, _ = observations([replace(r, token_times_s=()) for r in rows], token_budget=512)
+    assert spread[3].decode_seqs / spread[3].steps < 3.0
+    assert spread[3].predict(step) < 0.9 * spread[3].seconds
 
 
 def test_prefill_longer_than_the_token_budget_takes_several_steps() -> None:

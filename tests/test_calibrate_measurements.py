@@ -97,15 +97,45 @@ def test_an_ok_row_without_its_times_is_an_input_error(tmp_path: Path, field: st
 
 
 def test_a_file_from_before_the_later_columns_reads_and_resumes_without_them(tmp_path: Path) -> None:
-    """A file written before `server` and `round` existed reads them as "" and 0 (unrecorded), and a resumed
-    run appends rows with the file's own columns, so it stays one table."""
+    """A file written before `server`, `round` and `token_times_s` existed reads them as "", 0 and ()
+    (unrecorded), and a resumed run appends rows with the file's own columns, so it stays one table."""
     path = tmp_path / "m.csv"
     with MeasurementLog(path) as log:
         log.append(replace(ROW, round=2))
     header, row = path.read_text().splitlines()
-    assert header.endswith(",server,round")
-    path.write_text(header.removesuffix(",server,round") + "\n" + row.removesuffix(",,2") + "\n")
+    assert header.endswith(",server,round,token_times_s")
+    path.write_text(
+        header.removesuffix(",server,round,token_times_s") + "\n" + row.removesuffix(",,2,") + "\n"
+    )
     assert read_measurements(path) == [ROW]
     with MeasurementLog(path, server="s") as log:
         log.append(replace(ROW, seq=1, round=1))
     assert read_measurements(path) == [ROW, replace(ROW, seq=1)]
+
+
+def test_token_times_round_trip_to_a_tenth_of_a_millisecond(tmp_path: Path) -> None:
+    times = tuple(0.25 + 0.04 * k + (0.00003 if k == 5 else 0.0) for k in range(64))
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(replace(ROW, token_times_s=times))
+    (back,) = read_measurements(path)
+    assert back.token_times_s == pytest.approx(times, abs=5e-5)
+
+
+@pytest.mark.parametrize(
+    ("times", "why"),
+    [
+        ((0.25, 0.29), "holds 2 times for 64 output tokens"),
+        (tuple(0.25 + 0.04 * k for k in range(63)) + (0.1,), "is not a rising list"),
+        (tuple(0.5 + 0.04 * k for k in range(64)), "starts at 0.5 s, not at the ttft_s 0.25 s"),
+    ],
+)
+def test_an_ok_row_whose_token_times_disagree_with_it_is_an_input_error(
+    tmp_path: Path, times: tuple[float, ...], why: str
+) -> None:
+    """Token times place each token in a step of the fit: a row whose times cannot be its tokens is refused."""
+    path = tmp_path / "m.csv"
+    with MeasurementLog(path) as log:
+        log.append(replace(ROW, token_times_s=times))
+    with pytest.raises(InputError, match=f"data row 1: token_times_s {why}"):
+        read_measurements(path)

@@ -41,6 +41,7 @@ class Attempt:
     n_chunks: int
     e2e_s: float
     client_busy_s: float  # time this client spent handling the response's bytes
+    token_times_s: tuple[float, ...] = ()  # each output token's arrival after the start; () if unknown
 
 
 class InFlight:
@@ -165,8 +166,12 @@ def without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])) if "@" in parts.netloc else url
 
 
-def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
-    """A completion request that generates exactly `max_tokens` (ignore_eos), streamed with usage."""
+def completion_body(
+    model: str, prompt: list[int] | str, max_tokens: int, usage_per_event: bool = False
+) -> dict[str, object]:
+    """A completion request that generates exactly `max_tokens` (ignore_eos), streamed with usage: at the end,
+    or with `usage_per_event` in every event too (vLLM's `continuous_usage_stats`), which says how many
+    tokens each event carries when the server sends several at once."""
     return {
         "model": model,
         "prompt": prompt,
@@ -174,7 +179,8 @@ def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dic
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True}
+        | ({"continuous_usage_stats": True} if usage_per_event else {}),
     }
 
 
@@ -311,10 +317,11 @@ async def stream_completion(
     timeout_s: float,
 ) -> Attempt:
     """Send one streamed completion and time its tokens. Raises only `RequestRejected` (HTTP 4xx)."""
-    body = completion_body(endpoint.model, prompt, max_tokens)
+    body = completion_body(endpoint.model, prompt, max_tokens, usage_per_event=True)
     start_unix, t0 = time.time(), time.perf_counter()
     busy = 0.0
     times: list[float] = []
+    made: list[object] = []  # tokens out so far, as each event with text says
     usage: dict[str, int] | None = None
     done = False
     key = IN_FLIGHT.open()
@@ -336,6 +343,7 @@ async def stream_completion(
                             return _failed("stream_error", start_unix, t0, busy)
                         if event.get("choices"):
                             times.append(now)
+                            made.append((event.get("usage") or {}).get("completion_tokens"))
                         if event.get("usage"):
                             usage = event["usage"]
                     busy += time.perf_counter() - now
@@ -373,4 +381,18 @@ async def stream_completion(
         n_chunks=len(times),
         e2e_s=end - t0,
         client_busy_s=busy,
+        token_times_s=token_arrivals([t - t0 for t in times], made, output_tokens),
     )
+
+
+def token_arrivals(event_times: list[float], made: list[object], output_tokens: int) -> tuple[float, ...]:
+    """Each output token's arrival: an event's time once per token it carries, read from the running count
+    each event gives (`made`), or one token per event when there are as many events as tokens; () when
+    neither tells (a server that sends several tokens at once without saying how many)."""
+    if len(event_times) == output_tokens:
+        return tuple(event_times)
+    running = [m for m in made if isinstance(m, int)]
+    counts = np.diff([0, *running])
+    if len(running) != len(event_times) or counts.sum() != output_tokens or (counts < 0).any():
+        return ()
+    return tuple(float(t) for t in np.repeat(event_times, counts))

@@ -174,15 +174,14 @@ def observations(
 
     Prefill-sweep rows give their TTFT; decode, context, mixed and saturation rows their decode window, timed from
     first to last token so chunks arriving in bursts do not matter. Prefills of other requests inside a
-    window are found from their first-token times, and the batch it decoded in from the other decode windows
-    overlapping it: a cell's nominal concurrency overstates the batch wherever its workers are out of step
-    (one is still prefilling, another's last request has ended), and a fit that took it at face value would
-    price full batches too cheaply. Each observation says whether its request is held out.
+    window are found from their first-token times, and the batch it decoded in from the decode tokens of every
+    request that came out inside it (`decode_tokens`): a cell's nominal concurrency overstates the batch
+    wherever its workers are out of step (one is still prefilling, another's last request has ended), and a
+    fit that took it at face value would price full batches too cheaply. Each observation says whether its
+    request is held out.
     """
     ok = [r for r in rows if r.ok]
     first_token = np.array([r.start_unix_s + r.ttft_s for r in ok])
-    last_token = first_token + np.array([_decode_window(r) for r in ok])
-    held = np.array([r.prompt_tokens + r.output_tokens / 2 for r in ok])  # KV a sequence holds on average
     order = np.argsort(first_token)
     first_sorted = first_token[order]
     prompt_cumsum = np.concatenate(([0.0], np.cumsum([ok[i].prompt_tokens for i in order])))
@@ -192,6 +191,8 @@ def observations(
             np.cumsum([ttft_observation(ok[i].prompt_tokens, token_budget).attention_pairs for i in order]),
         )
     )
+    token_time, kv_held = decode_tokens(ok)
+    kv_cumsum = np.concatenate(([0.0], np.cumsum(kv_held)))
     prefill = [r for r in ok if r.phase == "prefill" and reading(r) is not None]
     decode = [r for r in ok if r.phase != "prefill" and reading(r) is not None]
     kept_prefill = _typical(prefill, lambda r: r.ttft_s, band)
@@ -202,27 +203,62 @@ def observations(
     ]
     for r in kept_decode:
         t0 = r.start_unix_s + r.ttft_s
-        window = _decode_window(r)
-        # each decode window's share of this one: the batch (this request included) and its KV, on average
-        share = np.clip(np.minimum(last_token, t0 + window) - np.maximum(first_token, t0), 0.0, None) / window
-        # Requests prefilled in the same step as this one's first token reach the client a few microseconds
-        # apart: only first tokens at least half a step later (up to half a step after the last) interfere.
-        half_step = r.itl_mean_s / 2
-        lo, hi = np.searchsorted(first_sorted, [t0 + half_step, t0 + window + half_step], side="right")
+        window, steps = _decode_window(r), r.output_tokens - 1
+        # A step's tokens reach the client microseconds to milliseconds apart: the window's steps are the
+        # tokens from half a step after its first token to half a step after its last, its own included.
+        half_step = typical_step_s(r) / 2
+        lo, hi = np.searchsorted(token_time, [t0 + half_step, t0 + window + half_step], side="right")
+        first_lo, first_hi = np.searchsorted(
+            first_sorted, [t0 + half_step, t0 + window + half_step], side="right"
+        )
         o = decode_observation(
-            float(share.sum()),
+            (hi - lo) / steps,
             r.prompt_tokens,
             r.output_tokens,
-            float(prompt_cumsum[hi] - prompt_cumsum[lo]),
+            float(prompt_cumsum[first_hi] - prompt_cumsum[first_lo]),
             window,
             r.phase,
-            float(pairs_cumsum[hi] - pairs_cumsum[lo]),
-            int(hi - lo),
-            float(share @ held),
+            float(pairs_cumsum[first_hi] - pairs_cumsum[first_lo]),
+            int(first_hi - first_lo),
+            float(kv_cumsum[hi] - kv_cumsum[lo]) / steps,
         )
         out.append(replace(o, held_out=held_out(r)))
     discarded = len(prefill) + len(decode) - len(out)
     return out, discarded
+
+
+def typical_step_s(row: Measurement) -> float:
+    """A request's usual gap between tokens: the median of its recorded ones (a long step where a batch-mate's
+    prompt was prefilled does not move it), else its mean."""
+    gaps = np.diff(row.token_times_s)
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if len(gaps) else row.itl_mean_s
+
+
+def decode_tokens(rows: Sequence[Measurement]) -> tuple[np.ndarray, np.ndarray]:
+    """When each decode token of these requests came out (unix seconds, sorted), and the KV its sequence held
+    in the step that made it (the prompt and the tokens made before).
+
+    A token's step is read from its recorded arrival. A file without arrivals spreads each request's tokens
+    evenly over its window; that misplaces them around a long step (a batch-mate's prefill): a window that
+    holds one is slower per token than the steps outside it."""
+    times: list[np.ndarray] = []
+    held: list[np.ndarray] = []
+    for r in rows:
+        window = _decode_window(r)
+        if not window:
+            continue
+        made = np.arange(1, r.output_tokens)
+        if r.token_times_s:
+            times.append(r.start_unix_s + np.asarray(r.token_times_s[1:], dtype=float))
+        else:
+            times.append(r.start_unix_s + r.ttft_s + made * (window / (r.output_tokens - 1)))
+        held.append(r.prompt_tokens + made)
+    if not times:
+        return np.zeros(0), np.zeros(0)
+    t, kv = np.concatenate(times), np.concatenate(held).astype(float)
+    order = np.argsort(t, kind="stable")
+    return t[order], kv[order]
 
 
 def reading(row: Measurement) -> float | None:

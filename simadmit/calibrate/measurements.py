@@ -45,6 +45,8 @@ class Measurement:
     status: str  # "ok", or the fault: "timeout", "http_503", "dropped", "connect"...
     server: str = ""  # the server and configuration measured (`run.server_identity`); "" in older files
     round: int = 0  # the plan's round it ran in (`phases.in_rounds`); 0 for the warm-up and in older files
+    # each output token's arrival, seconds after the start (tokens sent together share a time); () if unknown
+    token_times_s: tuple[float, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -52,7 +54,8 @@ class Measurement:
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
-OPTIONAL = {"server": "", "round": 0}  # columns files written before them lack: read as this
+# columns files written before them lack: read as this
+OPTIONAL = {"server": "", "round": 0, "token_times_s": ()}
 TIMED = ("start_unix_s", "ttft_s", "e2e_s")  # what every ok request has measured: finite, 0 or more
 _TYPES = {f.name: f.type for f in fields(Measurement)}
 
@@ -68,6 +71,8 @@ def measurements_path(profile_path: str | Path) -> Path:
 
 
 def _format(value: object) -> str:
+    if isinstance(value, tuple):
+        return " ".join(f"{t:.4f}" for t in value)
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.6f}" if abs(value) < 1e6 else f"{value:.3f}"
     return str(value)
@@ -101,8 +106,25 @@ def read_measurements(path: str | Path) -> list[Measurement]:
         if m.ok and (bad := [c for c in TIMED if not 0 <= getattr(m, c) < math.inf]):
             why = f"an ok measurement with {bad[0]} {rec[bad[0]]!r}, not a time (the fit needs it)"
             raise InputError([problem(path, f"data row {n}", why)])
+        if m.ok and (wrong := _token_times_problem(m)):
+            raise InputError([problem(path, f"data row {n}", wrong)])
         rows.append(m)
     return rows
+
+
+def _token_times_problem(m: Measurement) -> str | None:
+    """What is wrong with an ok row's token times, if anything: one finite time per output token, in order,
+    the first being the TTFT (a row whose times say otherwise would place its tokens in the wrong steps)."""
+    t = m.token_times_s
+    if not t:
+        return None
+    if len(t) != m.output_tokens:
+        return f"token_times_s holds {len(t)} times for {m.output_tokens} output tokens"
+    if not all(0 <= a <= b < math.inf for a, b in zip(t, t[1:] + t[-1:], strict=True)):
+        return "token_times_s is not a rising list of times"
+    if abs(t[0] - m.ttft_s) > 1e-3:
+        return f"token_times_s starts at {t[0]:g} s, not at the ttft_s {m.ttft_s:g} s"
+    return None
 
 
 def _parse(column: str, text: str | None) -> Any:
@@ -111,6 +133,8 @@ def _parse(column: str, text: str | None) -> Any:
         raise ValueError(column)
     if kind == "float":
         return float("nan") if text == "" else float(text)
+    if kind.startswith("tuple"):
+        return tuple(float(t) for t in text.split())
     return int(text) if kind == "int" else text
 
 

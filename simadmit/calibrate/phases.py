@@ -299,6 +299,7 @@ class Runner:
                 e2e_s=a.e2e_s,
                 status=a.status,
                 round=cell.round,
+                token_times_s=a.token_times_s,
             )
             self._log.append(measured)
             self._history.append(measured)  # what a later round of this cell finds done

@@ -155,7 +155,10 @@ SIM_CASES = [
     # --- trace content, read by `simulate` (replay, empirical lengths, fitted arrivals) ---
     Case("trace-empty-file", _trace_workload(), files={"trace.csv": ""}, fragment="trace.csv: empty file"),
     Case(
-        "trace-header-only", _trace_workload(), files={"trace.csv": AZURE_HEADER}, fragment="no requests left"
+        "trace-header-only",
+        _trace_workload(),
+        files={"trace.csv": AZURE_HEADER},
+        fragment="trace.csv: no requests in it: the file holds no rows",
     ),
     Case(
         "trace-malformed-row",

@@ -333,6 +333,14 @@ def test_file_level_problems(tmp_path: Path) -> None:
         load_trace(write(tmp_path, "a.csv", "t,q,o\n1,1,1\n"), SECONDS)
     with pytest.raises(InputError, match="no requests left"):
         load_trace(write(tmp_path, "a.csv", TIMES_S), SECONDS, TraceOptions(start_s=100))
+    # a file without a single request says so, whatever its format, rather than blame the options
+    for name, text in (("a.csv", "t,p,o\n"), ("a.jsonl", ""), ("b.jsonl", "\n  \n")):
+        with pytest.raises(InputError, match=f"{name}: no requests in it: the file holds no rows"):
+            load_trace(write(tmp_path, name, text), SECONDS)
+    empty_parquet = tmp_path / "a.parquet"
+    pd.DataFrame({"t": [], "p": [], "o": []}).to_parquet(empty_parquet)
+    with pytest.raises(InputError, match="no requests in it"):
+        load_trace(empty_parquet, SECONDS)
     with pytest.raises(ValueError, match="speedup"):
         TraceOptions(speedup=0)
 

@@ -106,6 +106,8 @@ def load_trace(path: str | Path, columns: Columns, options: TraceOptions = Trace
     fields = {"arrival": columns.arrival, "prompt_tokens": columns.prompt_tokens}
     fields |= {"output_tokens": columns.output_tokens} | ({"tier": columns.tier} if columns.tier else {})
     raw, where = _read(path, list(dict.fromkeys(fields.values())))
+    if not where:  # not "none left after ...": there was nothing to leave out
+        raise InputError([problem(path, None, "no requests in it: the file holds no rows")])
     parsed, bad = _parse(raw, fields, columns.arrival_unit)
     problems = [problem(path, where[i], msg) for i, msg in sorted(bad.items())]
     if problems and options.on_error == "fail":

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from simadmit.calibrate.client import Endpoint
@@ -133,6 +134,24 @@ def test_workload_prompt_lengths_join_the_prefill_sweep() -> None:
     assert (
         workload_prompt_lengths("default") == mix
     )  # a bundled scenario by name, as the other commands take it
+
+
+def test_a_scenario_with_variants_brings_every_variant_s_prompts(tmp_path: Path) -> None:
+    """A variant that sends prompts ten times longer is simulated too, so the sweep covers its lengths as well:
+    the pooled quantiles reach past the scenario's own, and a variant that leaves the workload alone changes
+    nothing."""
+    doc = yaml.safe_load((ROOT / "scenarios" / "default.yaml").read_text())
+    own = workload_prompt_lengths(ROOT / "scenarios" / "default.yaml")
+    for variants, longer in (
+        ([{"name": "same", "set": {"gateway.replicas": 1}}], False),
+        ([{"name": "long", "set": {"workload.tiers.0.prompt_tokens.median": 10000,
+                                   "workload.tiers.0.prompt_tokens.max": 80000}}], True),
+    ):  # fmt: skip
+        path = tmp_path / "variants.yaml"
+        path.write_text(yaml.safe_dump({**doc, "variants": variants}))
+        pooled = workload_prompt_lengths(path)
+        assert (pooled == own) != longer
+        assert (max(pooled) > 2 * max(own)) == longer
 
 
 def test_a_bad_workload_scenario_is_one_line_and_exit_code_2(tmp_path: Path) -> None:

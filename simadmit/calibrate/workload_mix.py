@@ -1,9 +1,10 @@
 """Prompt lengths of a user's own traffic, so the prefill sweep also measures where their requests are.
 
 `simadmit calibrate --workload scenario.yaml` draws the scenario's requests (its seed, its tiers, or its trace;
-those of every variant when it has variants, which `simulate` runs as they are) and adds the quantiles of their prompt lengths to the sweep's geometric lengths: the sweep cycles through all
-lengths equally, so most of its requests then sit inside the user's mix, while the geometric ones keep the fit's
-shape anchored from 16 tokens to the whole context. The plan stays a function of the options, so `--resume`
+those of every variant when it has variants, as `simulate` runs each) and adds the quantiles of their prompt
+lengths to the sweep's geometric lengths: the sweep cycles through all lengths equally, so most of its requests
+then sit inside the user's mix, while the geometric ones keep the fit's shape anchored from 16 tokens to the
+whole context. The plan stays a function of the options, so `--resume`
 with the same `--workload` rebuilds it exactly.
 """
 

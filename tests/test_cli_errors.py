@@ -2424,7 +2424,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     )
     (root / "folder").mkdir()
     (root / "taken.measurements.csv").mkdir()
-    header = ",".join(c for c in COLUMNS if c != "round")  # files written before rows recorded their round
+    # files written before rows recorded their round and their tokens' arrivals
+    header = ",".join(c for c in COLUMNS if c not in ("round", "token_times_s"))
     row = "warmup,1,0,1,fake-model,1700000000.0,16,16,8,8,0.01,0.001,0.001,0.001,0.001,8,0.02,ok"
     elsewhere = "endpoint=http://10.0.0.9:8000 vllm=fake max_model_len=2048 kv_block_size=16 engines=1 "
     elsewhere += "max_num_seqs=256 max_num_batched_tokens=8192"

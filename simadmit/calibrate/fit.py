@@ -207,10 +207,9 @@ def observations(
         # A step's tokens reach the client microseconds to milliseconds apart: the window's steps are the
         # tokens from half a step after its first token to half a step after its last, its own included.
         half_step = typical_step_s(r) / 2
-        lo, hi = np.searchsorted(token_time, [t0 + half_step, t0 + window + half_step], side="right")
-        first_lo, first_hi = np.searchsorted(
-            first_sorted, [t0 + half_step, t0 + window + half_step], side="right"
-        )
+        bounds = [t0 + half_step, t0 + window + half_step]
+        lo, hi = np.searchsorted(token_time, bounds, side="right")
+        first_lo, first_hi = np.searchsorted(first_sorted, bounds, side="right")
         o = decode_observation(
             (hi - lo) / steps,
             r.prompt_tokens,
@@ -245,14 +244,13 @@ def decode_tokens(rows: Sequence[Measurement]) -> tuple[np.ndarray, np.ndarray]:
     times: list[np.ndarray] = []
     held: list[np.ndarray] = []
     for r in rows:
-        window = _decode_window(r)
-        if not window:
+        if not _decode_window(r):
             continue
         made = np.arange(1, r.output_tokens)
         if r.token_times_s:
             times.append(r.start_unix_s + np.asarray(r.token_times_s[1:], dtype=float))
         else:
-            times.append(r.start_unix_s + r.ttft_s + made * (window / (r.output_tokens - 1)))
+            times.append(r.start_unix_s + r.ttft_s + made * r.itl_mean_s)
         held.append(r.prompt_tokens + made)
     if not times:
         return np.zeros(0), np.zeros(0)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fidelity import isolate_engine, start_server  # noqa: E402
 
+from simadmit.calibrate.client import EventStream, completion_body, stream_event  # noqa: E402
 from simadmit.config.profile import Profile, load_profile, prefill_attention_pairs  # noqa: E402
 
 Cells = dict[tuple[int, int], list[tuple[float, ...]]]  # (prompt tokens, batch) -> one row per repeat
@@ -69,22 +69,14 @@ class Streams:
     async def tokens(self, prompt: int, output: int, into: Tokens | None = None) -> Tokens:
         """Each event of one completion (appended to `into` as they come)."""
         events = [] if into is None else into
-        body = {
-            "model": self.model,
-            "prompt": [self.rng.randrange(1000, 40000) for _ in range(prompt)],
-            "max_tokens": output,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-        buffer = b""
+        ids = [self.rng.randrange(1000, 40000) for _ in range(prompt)]
+        body = completion_body(self.model, ids, output, usage_per_event=True)
         async with self.client.stream("POST", f"{self.url}/v1/completions", json=body) as response:
             response.raise_for_status()
-            async for chunk in response.aiter_raw():  # by event: a token's text may hold a line separator
-                *complete, buffer = (buffer + chunk).split(b"\n\n")
-                for event in (json.loads(e[6:]) for e in complete if e.startswith(b"data: {")):
+            async for now, payloads in EventStream(response, time.perf_counter).reads():
+                for event in map(stream_event, payloads):
                     if event.get("choices"):
-                        events.append((time.perf_counter(), event["usage"]["completion_tokens"]))
+                        events.append((now, event["usage"]["completion_tokens"]))
         return events
 
     async def ttft(self, prompt: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from simadmit.calibrate.drift import DRIFT_WARNING, drift_warnings, round_drift
@@ -52,3 +53,40 @@ def test_only_cells_measured_in_two_rounds_count() -> None:
     assert round_drift(rows) == {}
     steady = cell("decode", 4, 128, 0.05, {1: 1.0, 2: 1.0 + DRIFT_WARNING / 2})
     assert drift_warnings(round_drift(steady)) == []
+
+
+def timed(row: Measurement, gaps: list[float]) -> Measurement:
+    """`row` with its tokens recorded: the first at its TTFT, then these gaps."""
+    times = tuple(row.ttft_s + t for t in [0.0, *np.cumsum(gaps)])
+    window = times[-1] - times[0]
+    return replace(row, output_tokens=len(times), token_times_s=times, itl_mean_s=window / len(gaps))
+
+
+def test_a_batch_mates_prefill_inside_a_window_is_not_the_machine() -> None:
+    """A mixed cell whose steps take 40 ms in both rounds, but whose windows in round 2 each hold a batch-mate's
+    1.5 s prefill step: the mean gap rises ~60%, the machine did not move, and no warning is raised; a decode
+    cell whose gaps all grow 20% still reads +20% from its recorded tokens."""
+    rng = random.Random(7)
+
+    def gaps(step: float, long_step: float | None) -> list[float]:
+        g = [step * rng.uniform(0.98, 1.02) for _ in range(63)]
+        if long_step is not None:
+            g[rng.randrange(10, 50)] = long_step
+        return g
+
+    rows = []
+    for k in (1, 2):
+        for seq in range(5):
+            base = replace(ROW, phase="mixed", concurrency=2, prompt_tokens_target=1024, seq=seq, round=k)
+            rows.append(timed(base, gaps(0.04, None if k == 1 else 1.5)))
+            base = replace(ROW, phase="decode", concurrency=8, seq=seq, round=k)
+            rows.append(timed(base, gaps(0.05 * (1.0 if k == 1 else 1.2), None)))
+    mixed_means = [
+        np.median([r.itl_mean_s for r in rows if r.phase == "mixed" and r.round == k]) for k in (1, 2)
+    ]
+    assert mixed_means[1] / mixed_means[0] > 1.5  # what a window's mean reads: not a speed
+    drift = round_drift(rows)
+    assert abs(drift["mixed"].median) < 0.05
+    assert drift["decode"].median == pytest.approx(0.2, abs=0.05)
+    (warning,) = drift_warnings(drift)
+    assert warning.startswith("unsteady machine: decode cells")

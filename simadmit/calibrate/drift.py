@@ -1,8 +1,11 @@
 """How far the machine's speed moved during a calibration: each cell measured in two rounds, against itself.
 
-A cell's requests are alike, so what the fit reads from them (a prefill's TTFT, a decode window's inter-token
-time) should not change from one round to the next; where the median does, the machine's speed did, and the
-profile carries the average of the two speeds. A phase whose cells moved by more than `DRIFT_WARNING` (the
+A cell's requests are alike, so the time of their steps (a prefill's TTFT, a decode window's usual gap between
+tokens) should not change from one round to the next; where the median does, the machine's speed did, and the
+profile carries the average of the two speeds. A window's usual gap is the median of its recorded ones, not
+their mean: how many of a batch-mate's long prefill steps fall inside a window depends on how the cell's
+requests lined up in that round (the mixed cell's mean moved by -38% and +51% between rounds whose gaps moved
+by +2% and -8%), and that is not the machine. A phase whose cells moved by more than `DRIFT_WARNING` (the
 median over its cells) makes the profile warn: the replays it predicts may run at either speed.
 """
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simadmit.calibrate.fit import reading
+from simadmit.calibrate.fit import reading, typical_step_s
 from simadmit.calibrate.measurements import Measurement
 
 DRIFT_WARNING = 0.10  # a tenth: the size of the targets a profile is judged by
@@ -32,12 +35,19 @@ class PhaseDrift:
         return {"cells": self.cells, "median": round(self.median, 4), "max_abs": round(self.max_abs, 4)}
 
 
+def step_time(row: Measurement) -> float | None:
+    """The machine's speed as one request read it: a prefill's TTFT, a decode window's usual gap between tokens
+    (None: a row the fit does not use)."""
+    value = reading(row)
+    return value if value is None or row.phase == "prefill" else typical_step_s(row)
+
+
 def round_drift(rows: Sequence[Measurement]) -> dict[str, PhaseDrift]:
-    """Per phase, how each cell's median reading moved from its first round to its last (round 0, the warm-up
-    and files written before rounds were recorded, is left out)."""
+    """Per phase, how each cell's median step time moved from its first round to its last (round 0, the
+    warm-up and files written before rounds were recorded, is left out)."""
     readings: dict[tuple[str, int, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r.ok and r.round > 0 and (value := reading(r)) is not None:
+        if r.ok and r.round > 0 and (value := step_time(r)) is not None:
             readings[(r.phase, r.concurrency, r.prompt_tokens_target)][r.round].append(value)
     moves: dict[str, list[float]] = defaultdict(list)
     for (phase, _, _), by_round in readings.items():

@@ -2006,6 +2006,11 @@ COMMAND_CASES = [
         fragment="swept: holds a sweep run: give --out a folder of its own",
     ),
     CommandCase(
+        "simulate-out-is-a-folder-of-the-users-yaml-and-csv",  # replaced whole: the user's files were deleted
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/mine"),
+        fragment="mine: holds files simadmit did not write (data.csv, s.yaml); give a new or empty folder",
+    ),
+    CommandCase(
         "sweep-workload-too-big-at-one-point",
         ("sweep", "{in}/ok.yaml", "--param", "workload.duration_s=4,1e9", "--out", "{tmp}/s"),
         fragment="point {{'workload.duration_s': '1e9'}}: {in}/ok.yaml: workload.duration_s: 1e+09 s at 4 req/s",
@@ -2455,6 +2460,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         '{"command": "optimize", "partial": false, "files": {}}'
     )
     (root / "swept").mkdir()
+    (root / "mine").mkdir()  # a user's own folder of scenarios and traces, no run
+    (root / "mine" / "s.yaml").write_text(text)
+    (root / "mine" / "data.csv").write_text(AZURE_OK)
     (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
     (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
     for name, trace in (("bad-trace", "bad.csv"), ("trace-absent", "absent.csv")):

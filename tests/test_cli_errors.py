@@ -1395,6 +1395,11 @@ CALIBRATE_CASES = [
         fragment="smollm2-135m-cpu: simulated vs measured",
     ),
     CalibrateCase(
+        "model-not-served-named-without-the-key",  # printed the endpoint's user:key
+        ("calibrate", "--endpoint", "{url_with_key}", "--out", "{tmp}/p.yaml", "--model", "nosuch"),
+        fragment="--model: 'nosuch' is not served by http://127.0.0.1:",
+    ),
+    CalibrateCase(
         "check-unknown-profile",
         ("calibrate", "check", "no-such-profile", "--endpoint", "{url}"),
         fragment="no-such-profile: calibration profile file not found",
@@ -1430,7 +1435,8 @@ CALIBRATE_CASES = [
 @pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
 def test_calibrate_input(case: CalibrateCase, tmp_path: Path, inputs: dict[str, str]) -> None:
     with FakeVllm(then=case.server) as server:
-        args = [a.format(**inputs, url=server.url, tmp=tmp_path) for a in case.args]
+        with_key = server.url.replace("http://", "http://user:sk-secret-3@")
+        args = [a.format(**inputs, url=server.url, url_with_key=with_key, tmp=tmp_path) for a in case.args]
         result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
     if case.code == 1:  # a run that stopped: one line saying why, never a traceback
         assert "Traceback" not in result.stdout + result.stderr

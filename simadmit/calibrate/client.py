@@ -241,7 +241,8 @@ async def discover(
     client: httpx.AsyncClient, base_url: str, model: str | None, option: str = "--endpoint"
 ) -> Endpoint:
     """Ask `/v1/models` for the served model and its context length; connection trouble is the user's, told
-    against `option` (the command-line option that gave `base_url`)."""
+    against `option` (the command-line option that gave `base_url`), naming it without its key."""
+    shown = without_credentials(base_url)
     try:
         response = await client.get(f"{base_url}/v1/models", timeout=10.0)
     except httpx.HTTPError as e:
@@ -252,30 +253,26 @@ async def discover(
                 problem(
                     None,
                     option,
-                    f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
+                    f"{shown}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
                 )
             ]
         )
     try:
         served = {m["id"]: m for m in response.json()["data"]}
     except (ValueError, KeyError, TypeError):
-        raise InputError(
-            [problem(None, option, f"{base_url}/v1/models did not return a model list")]
-        ) from None
+        raise InputError([problem(None, option, f"{shown}/v1/models did not return a model list")]) from None
     if not served:
-        raise InputError([problem(None, option, f"{base_url} serves no model")])
+        raise InputError([problem(None, option, f"{shown} serves no model")])
     if model is None:
         model = next(iter(served))
     elif model not in served:
         field = "--model" if option == "--endpoint" else option  # else the model came from another endpoint
         raise InputError(
-            [problem(None, field, f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")]
+            [problem(None, field, f"{model!r} is not served by {shown} (it serves: {', '.join(served)})")]
         )
     max_len = served[model].get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
-        raise InputError(
-            [problem(None, option, f"{base_url}/v1/models gives no max_model_len for {model!r}")]
-        )
+        raise InputError([problem(None, option, f"{shown}/v1/models gives no max_model_len for {model!r}")])
     version = "unknown"
     try:
         v = await client.get(f"{base_url}/version", timeout=10.0)

@@ -1661,6 +1661,21 @@ COMMAND_CASES = [
         )
     ),
     CommandCase(
+        "optimize-search-on-a-policy-the-scenario-lacks",  # searched for no policy: a search of nothing, exit 0
+        (
+            "optimize",
+            "{in}/queue-depth.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "policies.queue_dept.max_queued=1:8",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--search policies.queue_dept.max_queued=1:8: policies.queue_dept.max_queued names no policy of "
+        "the scenario (its policies: queue_depth)",
+    ),  # fmt: skip
+    CommandCase(
         "optimize-a-load-twice",  # the same simulations run twice, to no end
         (
             "optimize",

@@ -1109,6 +1109,16 @@ SIM_CASES = [
         fragment="error: --set: workload.tiers.0.share: Input should be greater than 0",
     ),
     Case(
+        "set-list-index-with-two-minus-signs",  # a ValueError traceback from int('--1')
+        args=("--set", "pools.--1.replicas=2"),
+        fragment="error: --set: pools.--1.replicas: no element '--1' in this list",
+    ),
+    Case(
+        "set-list-index-of-a-superscript-digit",  # '²' is a digit to str.isdigit, not to int(): a traceback
+        args=("--set", "pools.\u00b2.replicas=2"),
+        fragment="error: --set: pools.\u00b2.replicas: no element '\u00b2' in this list",
+    ),
+    Case(
         "set-profile-not-found",  # "scenario.yaml: pools.0.profile: profile 'nope' not found"
         args=("--set", "pools.0.profile=nope"),
         fragment="error: --set: pools.0.profile: profile 'nope' not found",
@@ -1632,6 +1642,7 @@ COMMAND_CASES = [
             ),  # ran; --search refuses it
             ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
             ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
+            ("range-count-superscript", "1:4:\u00b2", "a range is lo:hi:n"),  # int('²'): a traceback
             ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
             # "values are not valid YAML", not why
             ("value-its-tag-refuses", "!!int x,2", "values are not valid YAML ('x' is not a !!int)"),

@@ -1821,6 +1821,12 @@ COMMAND_CASES = [
         fragment="older-run/requests.parquet: no column 'decision', which plot draws from",
     ),
     CommandCase(
+        "plot-a-table-with-text-for-latencies",  # a ValueError traceback from matplotlib's float conversion
+        ("plot", "{in}/text-run"),
+        fragment="text-run/requests.parquet: a column plot draws holds no numbers (could not convert string to "
+        "float: 'fast')",
+    ),
+    CommandCase(
         "plot-a-table-overwritten-in-place",  # its size as the manifest says, junk inside: a traceback
         ("plot", "{in}/overwritten"),
         fragment="overwritten/requests.parquet: not a requests table (Could not open Parquet input source",
@@ -2501,15 +2507,18 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         replay_doc = copy.deepcopy(doc)
         _trace_workload(trace)(replay_doc)
         (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
-    (
-        root / "older-run"
-    ).mkdir()  # a run whose requests table lacks a column plot draws from, its manifest whole
-    older = pd.read_parquet(root / "sim" / "requests.parquet").drop(columns=["decision"])
-    older.to_parquet(root / "older-run" / "requests.parquet")
-    size = (root / "older-run" / "requests.parquet").stat().st_size
-    (root / "older-run" / "manifest.json").write_text(
-        json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
-    )
+    # runs whose requests table lacks a column plot draws from, or holds text in one, their manifests whole
+    ran = pd.read_parquet(root / "sim" / "requests.parquet")
+    for name, table in (
+        ("older-run", ran.drop(columns=["decision"])),
+        ("text-run", ran.assign(ttft_s="fast")),
+    ):
+        (root / name).mkdir()
+        table.to_parquet(root / name / "requests.parquet")
+        size = (root / name / "requests.parquet").stat().st_size
+        (root / name / "manifest.json").write_text(
+            json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
+        )
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
     with socket.socket() as free, socket.socket() as busy:

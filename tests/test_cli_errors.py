@@ -199,6 +199,12 @@ SIM_CASES = [
         fragment="trace.csv: not a UTF-8 text file: a gzip file (name it trace.csv.gz)",
     ),
     Case(
+        "trace-utf16",  # as a spreadsheet's "Unicode text" export writes it: "not a UTF-8 text file", no more
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK.encode("utf-16")},
+        fragment="trace.csv: not a UTF-8 text file: a UTF-16 one (save it as UTF-8)",
+    ),
+    Case(
         "trace-wrong-columns",
         _trace_workload(),
         files={"trace.csv": "time,prompt,output\n1,2,3\n"},
@@ -1492,6 +1498,11 @@ COMMAND_CASES = [
         "simulate-binary-scenario", ("simulate", "{in}/binary.yaml"), fragment="binary.yaml: not a text file"
     ),
     CommandCase(
+        "simulate-utf16-scenario",  # PowerShell's `>` writes UTF-16: "not a text file (byte 0 is not UTF-8)"
+        ("simulate", "{in}/utf16.yaml"),
+        fragment="utf16.yaml: not a UTF-8 text file: a UTF-16 one (save it as UTF-8)",
+    ),
+    CommandCase(
         "simulate-folder-as-scenario",
         ("simulate", "{in}/folder"),
         fragment="folder: is a folder, not a scenario",
@@ -2446,6 +2457,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "ok.yaml").write_text(text)
     (root / "bom-crlf.yaml").write_text("\ufeff" + text.replace("\n", "\r\n") + "\r\n\r\n")
     (root / "binary.yaml").write_bytes(bytes(range(256)))
+    (root / "utf16.yaml").write_bytes(text.encode("utf-16"))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
     (root / "queue-depth.yaml").write_text(

@@ -32,7 +32,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import TOO_DEEP, InputError, not_found, problem
+from simadmit.config.errors import TOO_DEEP, UTF16, InputError, is_utf16, not_found, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -184,6 +184,8 @@ def _not_text(path: Path) -> str:
         return f"not a UTF-8 text file: a gzip file (name it {path.name}.gz)"
     if head == b"PAR1":
         return f"not a UTF-8 text file: a Parquet file (name it {Path(path.stem).stem}.parquet)"
+    if is_utf16(head):
+        return UTF16
     return "not a UTF-8 text file"
 
 

@@ -229,6 +229,13 @@ SIM_CASES = [
         fragment="trace.jsonl: line 2: timestamp True is not a finite number",
     ),
     Case(
+        "trace-jsonl-read-as-another-format",  # ten lines of "line N: TIMESTAMP is missing", then a count
+        _trace_workload("trace.jsonl", "azure"),
+        files={"trace.jsonl": MOONCAKE_OK * 12},
+        fragment="trace.jsonl: no column 'TIMESTAMP' (columns: input_length, output_length, timestamp)",
+        absent="is missing",
+    ),
+    Case(
         "trace-jsonl-nan-timestamp",  # said "timestamp is missing": JSON's NaN read as a Parquet null
         _trace_workload("trace.jsonl", "mooncake"),
         files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": NaN, "input_length": 50, "output_length": 5}\n'},

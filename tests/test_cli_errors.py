@@ -199,6 +199,13 @@ SIM_CASES = [
         fragment="trace.csv: not a UTF-8 text file: a gzip file (name it trace.csv.gz)",
     ),
     Case(
+        "trace-semicolon-separated",  # a line per column, each "no column" naming the one it was in
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK.replace(",", ";")},
+        fragment="trace.csv: line 1: the header is one field, its names separated by ';': a CSV separates them by "
+        "commas",
+    ),
+    Case(
         "trace-utf16",  # as a spreadsheet's "Unicode text" export writes it: "not a UTF-8 text file", no more
         _trace_workload(),
         files={"trace.csv": AZURE_OK.encode("utf-16")},

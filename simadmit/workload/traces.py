@@ -213,6 +213,10 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
     header = next(reader, None)
     if header is None:
         raise InputError([problem(path, None, "empty file, expected a header line")])
+    # a spreadsheet's export in a locale whose separator is ';', or a TSV: one line, not one per column
+    if len(header) == 1 and (sep := next((c for c in ";\t|" if c in header[0]), None)):
+        why = f"the header is one field, its names separated by {sep!r}: a CSV separates them by commas"
+        raise InputError([problem(path, "line 1", why)])
     _require(path, names, header)
     twice = [n for n in names if header.count(n) > 1]
     if twice:  # which of them is meant?

@@ -1888,6 +1888,19 @@ COMMAND_CASES = [
         absent="sk-secret-2",
     ),
     CommandCase(
+        "replay-endpoint-with-a-key-and-a-bad-port",  # the key was printed back with the URL
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "http://user:sk-secret-4@127.0.0.1:99999",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="--endpoint: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
+        absent="sk-secret-4",
+    ),
+    CommandCase(
         "replay-connection-refused",
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused}", "--out", "{tmp}/r"),
         fragment="connection refused (is the server running on that port?)",

@@ -122,14 +122,15 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
         parts = urlsplit(url.strip())
     except ValueError:  # an IPv6 address without its closing bracket
         parts = None
+    shown = url if parts is None else without_credentials(url.strip())  # a key is never printed
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError([problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000")])
+        raise InputError([problem(None, option, f"{shown!r} is not an http(s) URL like http://host:8000")])
     try:
         port = parts.port  # a port that is not a number, or out of range, is a ValueError
     except ValueError:
         port = 0
     if port == 0:
-        raise InputError([problem(None, option, f"{url!r}: the port must be a number from 1 to 65535")])
+        raise InputError([problem(None, option, f"{shown!r}: the port must be a number from 1 to 65535")])
     path = parts.path.rstrip("/")
     path = path.removesuffix("/v1")
     base_url = f"{parts.scheme}://{parts.netloc}{path}"
@@ -137,7 +138,7 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
         httpx.URL(base_url)
     except httpx.InvalidURL as e:
         raise InputError(
-            [problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000 ({e})")]
+            [problem(None, option, f"{shown!r} is not an http(s) URL like http://host:8000 ({e})")]
         ) from None
     return base_url
 

@@ -199,6 +199,19 @@ SIM_CASES = [
         fragment="trace.csv: not a UTF-8 text file: a gzip file (name it trace.csv.gz)",
     ),
     Case(
+        "trace-semicolon-separated",  # a line per column, each "no column" naming the one it was in
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK.replace(",", ";")},
+        fragment="trace.csv: line 1: the header is one field, its names separated by ';': a CSV separates them by "
+        "commas",
+    ),
+    Case(
+        "trace-utf16",  # as a spreadsheet's "Unicode text" export writes it: "not a UTF-8 text file", no more
+        _trace_workload(),
+        files={"trace.csv": AZURE_OK.encode("utf-16")},
+        fragment="trace.csv: not a UTF-8 text file: a UTF-16 one (save it as UTF-8)",
+    ),
+    Case(
         "trace-wrong-columns",
         _trace_workload(),
         files={"trace.csv": "time,prompt,output\n1,2,3\n"},
@@ -221,6 +234,13 @@ SIM_CASES = [
         _trace_workload("trace.jsonl", "mooncake"),
         files={"trace.jsonl": MOONCAKE_OK + '{"timestamp": true, "input_length": 50, "output_length": 5}\n'},
         fragment="trace.jsonl: line 2: timestamp True is not a finite number",
+    ),
+    Case(
+        "trace-jsonl-read-as-another-format",  # ten lines of "line N: TIMESTAMP is missing", then a count
+        _trace_workload("trace.jsonl", "azure"),
+        files={"trace.jsonl": MOONCAKE_OK * 12},
+        fragment="trace.jsonl: no column 'TIMESTAMP' (columns: input_length, output_length, timestamp)",
+        absent="is missing",
     ),
     Case(
         "trace-jsonl-nan-timestamp",  # said "timestamp is missing": JSON's NaN read as a Parquet null
@@ -1109,6 +1129,16 @@ SIM_CASES = [
         fragment="error: --set: workload.tiers.0.share: Input should be greater than 0",
     ),
     Case(
+        "set-list-index-with-two-minus-signs",  # a ValueError traceback from int('--1')
+        args=("--set", "pools.--1.replicas=2"),
+        fragment="error: --set: pools.--1.replicas: no element '--1' in this list",
+    ),
+    Case(
+        "set-list-index-of-a-superscript-digit",  # '²' is a digit to str.isdigit, not to int(): a traceback
+        args=("--set", "pools.\u00b2.replicas=2"),
+        fragment="error: --set: pools.\u00b2.replicas: no element '\u00b2' in this list",
+    ),
+    Case(
         "set-profile-not-found",  # "scenario.yaml: pools.0.profile: profile 'nope' not found"
         args=("--set", "pools.0.profile=nope"),
         fragment="error: --set: pools.0.profile: profile 'nope' not found",
@@ -1395,6 +1425,11 @@ CALIBRATE_CASES = [
         fragment="smollm2-135m-cpu: simulated vs measured",
     ),
     CalibrateCase(
+        "model-not-served-named-without-the-key",  # printed the endpoint's user:key
+        ("calibrate", "--endpoint", "{url_with_key}", "--out", "{tmp}/p.yaml", "--model", "nosuch"),
+        fragment="--model: 'nosuch' is not served by http://127.0.0.1:",
+    ),
+    CalibrateCase(
         "check-unknown-profile",
         ("calibrate", "check", "no-such-profile", "--endpoint", "{url}"),
         fragment="no-such-profile: calibration profile file not found",
@@ -1430,7 +1465,8 @@ CALIBRATE_CASES = [
 @pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
 def test_calibrate_input(case: CalibrateCase, tmp_path: Path, inputs: dict[str, str]) -> None:
     with FakeVllm(then=case.server) as server:
-        args = [a.format(**inputs, url=server.url, tmp=tmp_path) for a in case.args]
+        with_key = server.url.replace("http://", "http://user:sk-secret-3@")
+        args = [a.format(**inputs, url=server.url, url_with_key=with_key, tmp=tmp_path) for a in case.args]
         result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
     if case.code == 1:  # a run that stopped: one line saying why, never a traceback
         assert "Traceback" not in result.stdout + result.stderr
@@ -1474,6 +1510,11 @@ class CommandCase:
 COMMAND_CASES = [
     CommandCase(
         "simulate-binary-scenario", ("simulate", "{in}/binary.yaml"), fragment="binary.yaml: not a text file"
+    ),
+    CommandCase(
+        "simulate-utf16-scenario",  # PowerShell's `>` writes UTF-16: "not a text file (byte 0 is not UTF-8)"
+        ("simulate", "{in}/utf16.yaml"),
+        fragment="utf16.yaml: not a UTF-8 text file: a UTF-16 one (save it as UTF-8)",
     ),
     CommandCase(
         "simulate-folder-as-scenario",
@@ -1626,6 +1667,7 @@ COMMAND_CASES = [
             ),  # ran; --search refuses it
             ("range-count-fractional", "1:2:2.5", "a range is lo:hi:n"),  # ran at 3722.5 req/s (YAML base 60)
             ("range-without-count", "1:4", "a range is lo:hi:n"),  # ran at 64 req/s (YAML base 60)
+            ("range-count-superscript", "1:4:\u00b2", "a range is lo:hi:n"),  # int('²'): a traceback
             ("value-given-twice", "2,2.0", "the value 2.0 is given twice"),  # each point ran twice
             # "values are not valid YAML", not why
             ("value-its-tag-refuses", "!!int x,2", "values are not valid YAML ('x' is not a !!int)"),
@@ -1654,6 +1696,21 @@ COMMAND_CASES = [
             ("optimize", "{in}/variants.yaml", "--slo", "interactive.ttft_p99<=3s", "--loads", "1"),
         )
     ),
+    CommandCase(
+        "optimize-search-on-a-policy-the-scenario-lacks",  # searched for no policy: a search of nothing, exit 0
+        (
+            "optimize",
+            "{in}/queue-depth.yaml",
+            "--slo",
+            "interactive.ttft_p99<=3s",
+            "--search",
+            "policies.queue_dept.max_queued=1:8",
+            "--out",
+            "{tmp}/o",
+        ),
+        fragment="--search policies.queue_dept.max_queued=1:8: policies.queue_dept.max_queued names no policy of "
+        "the scenario (its policies: queue_depth)",
+    ),  # fmt: skip
     CommandCase(
         "optimize-a-load-twice",  # the same simulations run twice, to no end
         (
@@ -1789,6 +1846,12 @@ COMMAND_CASES = [
         fragment="older-run/requests.parquet: no column 'decision', which plot draws from",
     ),
     CommandCase(
+        "plot-a-table-with-text-for-latencies",  # a ValueError traceback from matplotlib's float conversion
+        ("plot", "{in}/text-run"),
+        fragment="text-run/requests.parquet: a column plot draws holds no numbers (could not convert string to "
+        "float: 'fast')",
+    ),
+    CommandCase(
         "plot-a-table-overwritten-in-place",  # its size as the manifest says, junk inside: a traceback
         ("plot", "{in}/overwritten"),
         fragment="overwritten/requests.parquet: not a requests table (Could not open Parquet input source",
@@ -1823,6 +1886,19 @@ COMMAND_CASES = [
         ("replay", "{in}/ok.yaml", "--endpoint", "{refused_with_key}", "--out", "{tmp}/r"),
         fragment="--endpoint: {refused}: connection refused",
         absent="sk-secret-2",
+    ),
+    CommandCase(
+        "replay-endpoint-with-a-key-and-a-bad-port",  # the key was printed back with the URL
+        (
+            "replay",
+            "{in}/ok.yaml",
+            "--endpoint",
+            "http://user:sk-secret-4@127.0.0.1:99999",
+            "--out",
+            "{tmp}/r",
+        ),
+        fragment="--endpoint: 'http://127.0.0.1:99999': the port must be a number from 1 to 65535",
+        absent="sk-secret-4",
     ),
     CommandCase(
         "replay-connection-refused",
@@ -2004,6 +2080,11 @@ COMMAND_CASES = [
         "simulate-out-is-a-sweep",
         ("simulate", "{in}/ok.yaml", "--out", "{in}/swept"),
         fragment="swept: holds a sweep run: give --out a folder of its own",
+    ),
+    CommandCase(
+        "simulate-out-is-a-folder-of-the-users-yaml-and-csv",  # replaced whole: the user's files were deleted
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/mine"),
+        fragment="mine: holds files simadmit did not write (data.csv, s.yaml); give a new or empty folder",
     ),
     CommandCase(
         "sweep-workload-too-big-at-one-point",
@@ -2403,6 +2484,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "ok.yaml").write_text(text)
     (root / "bom-crlf.yaml").write_text("\ufeff" + text.replace("\n", "\r\n") + "\r\n\r\n")
     (root / "binary.yaml").write_bytes(bytes(range(256)))
+    (root / "utf16.yaml").write_bytes(text.encode("utf-16"))
     (root / "binary-run.measurements.csv").write_bytes(bytes(range(256)))
     (root / "list.yaml").write_text("- name: tiny\n")
     (root / "queue-depth.yaml").write_text(
@@ -2455,21 +2537,27 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         '{"command": "optimize", "partial": false, "files": {}}'
     )
     (root / "swept").mkdir()
+    (root / "mine").mkdir()  # a user's own folder of scenarios and traces, no run
+    (root / "mine" / "s.yaml").write_text(text)
+    (root / "mine" / "data.csv").write_text(AZURE_OK)
     (root / "swept" / "manifest.json").write_text('{"command": "sweep", "partial": false, "files": {}}')
     (root / "bad.csv").write_text(AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n")
     for name, trace in (("bad-trace", "bad.csv"), ("trace-absent", "absent.csv")):
         replay_doc = copy.deepcopy(doc)
         _trace_workload(trace)(replay_doc)
         (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
-    (
-        root / "older-run"
-    ).mkdir()  # a run whose requests table lacks a column plot draws from, its manifest whole
-    older = pd.read_parquet(root / "sim" / "requests.parquet").drop(columns=["decision"])
-    older.to_parquet(root / "older-run" / "requests.parquet")
-    size = (root / "older-run" / "requests.parquet").stat().st_size
-    (root / "older-run" / "manifest.json").write_text(
-        json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
-    )
+    # runs whose requests table lacks a column plot draws from, or holds text in one, their manifests whole
+    ran = pd.read_parquet(root / "sim" / "requests.parquet")
+    for name, table in (
+        ("older-run", ran.drop(columns=["decision"])),
+        ("text-run", ran.assign(ttft_s="fast")),
+    ):
+        (root / name).mkdir()
+        table.to_parquet(root / name / "requests.parquet")
+        size = (root / name / "requests.parquet").stat().st_size
+        (root / name / "manifest.json").write_text(
+            json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
+        )
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())
     with socket.socket() as free, socket.socket() as busy:

@@ -122,14 +122,15 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
         parts = urlsplit(url.strip())
     except ValueError:  # an IPv6 address without its closing bracket
         parts = None
+    shown = url if parts is None else without_credentials(url.strip())  # a key is never printed
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError([problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000")])
+        raise InputError([problem(None, option, f"{shown!r} is not an http(s) URL like http://host:8000")])
     try:
         port = parts.port  # a port that is not a number, or out of range, is a ValueError
     except ValueError:
         port = 0
     if port == 0:
-        raise InputError([problem(None, option, f"{url!r}: the port must be a number from 1 to 65535")])
+        raise InputError([problem(None, option, f"{shown!r}: the port must be a number from 1 to 65535")])
     path = parts.path.rstrip("/")
     path = path.removesuffix("/v1")
     base_url = f"{parts.scheme}://{parts.netloc}{path}"
@@ -137,7 +138,7 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
         httpx.URL(base_url)
     except httpx.InvalidURL as e:
         raise InputError(
-            [problem(None, option, f"{url!r} is not an http(s) URL like http://host:8000 ({e})")]
+            [problem(None, option, f"{shown!r} is not an http(s) URL like http://host:8000 ({e})")]
         ) from None
     return base_url
 
@@ -241,7 +242,8 @@ async def discover(
     client: httpx.AsyncClient, base_url: str, model: str | None, option: str = "--endpoint"
 ) -> Endpoint:
     """Ask `/v1/models` for the served model and its context length; connection trouble is the user's, told
-    against `option` (the command-line option that gave `base_url`)."""
+    against `option` (the command-line option that gave `base_url`), naming it without its key."""
+    shown = without_credentials(base_url)
     try:
         response = await client.get(f"{base_url}/v1/models", timeout=10.0)
     except httpx.HTTPError as e:
@@ -252,30 +254,26 @@ async def discover(
                 problem(
                     None,
                     option,
-                    f"{base_url}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
+                    f"{shown}/v1/models answered HTTP {response.status_code}: not a vLLM endpoint?",
                 )
             ]
         )
     try:
         served = {m["id"]: m for m in response.json()["data"]}
     except (ValueError, KeyError, TypeError):
-        raise InputError(
-            [problem(None, option, f"{base_url}/v1/models did not return a model list")]
-        ) from None
+        raise InputError([problem(None, option, f"{shown}/v1/models did not return a model list")]) from None
     if not served:
-        raise InputError([problem(None, option, f"{base_url} serves no model")])
+        raise InputError([problem(None, option, f"{shown} serves no model")])
     if model is None:
         model = next(iter(served))
     elif model not in served:
         field = "--model" if option == "--endpoint" else option  # else the model came from another endpoint
         raise InputError(
-            [problem(None, field, f"{model!r} is not served by {base_url} (it serves: {', '.join(served)})")]
+            [problem(None, field, f"{model!r} is not served by {shown} (it serves: {', '.join(served)})")]
         )
     max_len = served[model].get("max_model_len")
     if not isinstance(max_len, int) or max_len <= 0:
-        raise InputError(
-            [problem(None, option, f"{base_url}/v1/models gives no max_model_len for {model!r}")]
-        )
+        raise InputError([problem(None, option, f"{shown}/v1/models gives no max_model_len for {model!r}")])
     version = "unknown"
     try:
         v = await client.get(f"{base_url}/version", timeout=10.0)

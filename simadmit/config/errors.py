@@ -5,6 +5,7 @@ The CLI catches `InputError` and prints its lines with exit code 2, so bad input
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
 import tempfile
@@ -20,6 +21,7 @@ from simadmit.config.defaults import DEFAULT_ENGINE_KIND
 SPECIAL = "is not a regular file (a device, pipe or socket)"  # what exists, is no folder, and no file
 MAX_YAML_BYTES = 2**20  # a scenario or profile is kilobytes; the parser reads ~130 KB/s, so 1 MiB is ~8 s
 TOO_DEEP = "nested too deeply"  # YAML or JSON beyond the parser's recursion limit: no scenario is that deep
+UTF16 = "not a UTF-8 text file: a UTF-16 one (save it as UTF-8)"  # Notepad's "Unicode", PowerShell's `>`
 
 
 class InputError(Exception):
@@ -224,6 +226,11 @@ def not_found(path: Path, what: str) -> str:
     return f"{what} not found"
 
 
+def is_utf16(head: bytes) -> bool:
+    """Whether a file's first bytes are UTF-16's byte-order mark: text, in an encoding no reader here takes."""
+    return head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+
+
 def unreadable(e: OSError) -> str:
     """Why a file that is there cannot be read, as every reader says so: `cannot read it (Permission denied)`
     (the system's words for its error number: pyarrow's strerror is a whole message naming the file again)."""
@@ -258,7 +265,8 @@ def read_yaml(path: str | Path, what: str) -> object:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not content
         return load_yaml_text(text)
     except UnicodeDecodeError as e:
-        raise InputError([problem(path, None, f"not a text file (byte {e.start} is not UTF-8)")]) from None
+        why = UTF16 if is_utf16(e.object) else f"not a text file (byte {e.start} is not UTF-8)"
+        raise InputError([problem(path, None, why)]) from None
     except OSError as e:
         raise InputError([problem(path, None, unreadable(e))]) from None
     except yaml.YAMLError as e:

@@ -55,7 +55,7 @@ def element_name(element: object) -> object:
 
 def list_index(items: list[object], key: str) -> int | None:
     """The position `key` addresses (by index, else by `element_name`, else by any `kind`), or None."""
-    if key.lstrip("-").isdigit():
+    if key.removeprefix("-").isdecimal():  # what int() reads: not `²`, not `--1`
         i = int(key)
         return i % len(items) if -len(items) <= i < len(items) else None
     named = [i for i, item in enumerate(items) if element_name(item) == key]

@@ -235,8 +235,8 @@ def plot_directory(
 @contextmanager
 def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
     """The table at `path`, for the figures drawn from it in the block: a column they need that it lacks
-    (a table of another kind, or written by an older simadmit), or a file that holds no table it can read,
-    is an `InputError` naming the table."""
+    or that holds no numbers (a table of another kind, or written by an older simadmit), or a file that
+    holds no table it can read, is an `InputError` naming the table."""
     table = read_table(path, f"a {path.stem} table")
     try:
         yield table
@@ -246,6 +246,9 @@ def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
         why = (
             f"no column {column!r}, which plot draws from (a table of another kind, or of an older simadmit)"
         )
+        raise InputError([problem(path, None, f"{why}: run the command that writes it again")]) from None
+    except (ValueError, TypeError) as e:  # text where a latency or a count goes
+        why = f"a column plot draws holds no numbers ({str(e).split('. ')[0]})"
         raise InputError([problem(path, None, f"{why}: run the command that writes it again")]) from None
 
 

@@ -92,8 +92,8 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
         raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])
     if unwritable := cannot_write_in(out.parent if replace else out):
         raise InputError([problem(out, None, unwritable)])
-    if replace and out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.is_dir() or p.suffix not in _OURS)
+    if replace and out.is_dir():  # a folder holding no run: every file in it is someone else's
+        foreign = sorted(p.name for p in out.iterdir() if held is None or p.is_dir() or p.suffix not in _OURS)
         if foreign:
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
             raise InputError(

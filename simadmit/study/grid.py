@@ -144,7 +144,7 @@ def parse_param(text: str) -> Param:
         # a range, or one mistyped (1:4, 1:2:3:4): its forms said, where YAML would read it as one text
         ends = range_ends(*parts[:2]) if len(parts) == 3 else None
         count = parts[2].strip() if ends is not None else ""
-        if ends is None or not count.isdigit():
+        if ends is None or not count.isdecimal():  # what int() reads (`²` is a digit, no number)
             raise InputError(
                 [
                     problem(

@@ -30,7 +30,7 @@ import pandas as pd
 
 from simadmit.config.errors import InputError, problem, read_mapping
 from simadmit.config.loading import scenario_from_dict
-from simadmit.config.overrides import apply_overrides, lookup
+from simadmit.config.overrides import apply_overrides, list_index, lookup
 from simadmit.config.schema import policy_name
 from simadmit.results import summary
 from simadmit.results.run_folder import update_in_place
@@ -299,6 +299,11 @@ def optimize(
            for s in slos if s.tier not in tiers]  # fmt: skip
     if objective not in OBJECTIVES:
         bad.append(problem("--objective", objective, f"expected one of {', '.join(OBJECTIVES)}"))
+    for d in dimensions or []:  # a policy path no policy answers would be searched for none, silently
+        head, _, rest = d.path.partition(".")
+        if head == "policies" and list_index(raw_policies, rest.partition(".")[0]) is None:
+            names = ", ".join(policy_name(p) for p in spec.policies)
+            bad.append(f"--search {d}: {d.path} names no policy of the scenario (its policies: {names})")
     plans = []
     for i, (raw_policy, policy) in enumerate(zip(raw_policies, spec.policies, strict=True)):
         name = policy_name(policy)

@@ -32,7 +32,7 @@ from typing import IO, Literal
 import numpy as np
 import pandas as pd
 
-from simadmit.config.errors import TOO_DEEP, InputError, not_found, problem
+from simadmit.config.errors import TOO_DEEP, UTF16, InputError, is_utf16, not_found, problem
 from simadmit.config.resources import TRACE_SUFFIXES
 from simadmit.config.workload_schema import MAX_SECONDS, MAX_TOKENS
 
@@ -158,9 +158,10 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
         return {n: table[n].tolist() for n in names}, [f"row {i}" for i in range(1, len(table) + 1)]
     raw: dict[str, list[object]] = {n: [] for n in names}
     where: list[str] = []
+    keys: set[str] = set()  # of the JSON lines' objects
     try:
         with _open(path) as f:
-            rows = _csv_rows(path, f, names) if kind == "csv" else _jsonl_rows(path, f, names)
+            rows = _csv_rows(path, f, names) if kind == "csv" else _jsonl_rows(path, f, names, keys)
             for line, values in rows:
                 where.append(f"line {line}")
                 for n, v in zip(names, values, strict=True):
@@ -169,6 +170,8 @@ def _read(path: Path, names: list[str]) -> tuple[dict[str, list[object]], list[s
         raise InputError([problem(path, None, _not_text(path))]) from None
     except (OSError, EOFError) as e:  # a truncated or damaged .gz
         raise InputError([problem(path, None, f"cannot read it ({e})")]) from None
+    if keys:  # a key no line has is the file's, as a CSV header's missing column: not a problem of each row
+        _require(path, names, sorted(keys))
     return raw, where
 
 
@@ -184,6 +187,8 @@ def _not_text(path: Path) -> str:
         return f"not a UTF-8 text file: a gzip file (name it {path.name}.gz)"
     if head == b"PAR1":
         return f"not a UTF-8 text file: a Parquet file (name it {Path(path.stem).stem}.parquet)"
+    if is_utf16(head):
+        return UTF16
     return "not a UTF-8 text file"
 
 
@@ -208,6 +213,10 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
     header = next(reader, None)
     if header is None:
         raise InputError([problem(path, None, "empty file, expected a header line")])
+    # a spreadsheet's export in a locale whose separator is ';', or a TSV: one line, not one per column
+    if len(header) == 1 and (sep := next((c for c in ";\t|" if c in header[0]), None)):
+        why = f"the header is one field, its names separated by {sep!r}: a CSV separates them by commas"
+        raise InputError([problem(path, "line 1", why)])
     _require(path, names, header)
     twice = [n for n in names if header.count(n) > 1]
     if twice:  # which of them is meant?
@@ -225,7 +234,10 @@ def _csv_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, l
         raise InputError([problem(path, f"line {reader.line_num}", f"not a CSV record ({e})")]) from None
 
 
-def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int, list[object]]]:
+def _jsonl_rows(
+    path: Path, f: IO[str], names: list[str], keys: set[str]
+) -> Iterator[tuple[int, list[object]]]:
+    """(line number, values) per JSON line; the keys of its objects are added to `keys`."""
     for line, text in enumerate(f, start=1):
         if not text.strip():
             continue
@@ -243,6 +255,7 @@ def _jsonl_rows(path: Path, f: IO[str], names: list[str]) -> Iterator[tuple[int,
         if not isinstance(obj, dict):
             yield line, [_NotJSON("not a JSON object")] * len(names)
         else:
+            keys.update(obj)
             yield line, [obj.get(n, _MISSING) for n in names]
 
 

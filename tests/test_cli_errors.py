@@ -1834,7 +1834,12 @@ COMMAND_CASES = [
         ("optimize", "{in}/folder", "--slo", "interactive.ttft_p99<=3s", "--out", "{tmp}/o"),
         fragment="folder: is a folder, not a scenario file",
     ),
-    CommandCase("plot-a-file", ("plot", "{in}/ok.yaml"), fragment="ok.yaml: not a directory"),
+    CommandCase("plot-a-file", ("plot", "{in}/ok.yaml"), fragment="ok.yaml: is a file, not a folder (give a"),
+    CommandCase(
+        "plot-a-missing-folder",  # "not a directory", as if something were there
+        ("plot", "{in}/nowhere"),
+        fragment="nowhere: folder not found (give a simulate or sweep --out folder)",
+    ),
     CommandCase(
         "plot-binary-scenario",
         ("plot", "{sim}", "--scenario", "{in}/binary.yaml"),
@@ -1848,8 +1853,12 @@ COMMAND_CASES = [
     CommandCase(
         "plot-a-table-with-text-for-latencies",  # a ValueError traceback from matplotlib's float conversion
         ("plot", "{in}/text-run"),
-        fragment="text-run/requests.parquet: a column plot draws holds no numbers (could not convert string to "
-        "float: 'fast')",
+        fragment="text-run/requests.parquet: ttft_s: holds str values, not numbers, where plot draws them",
+    ),
+    CommandCase(
+        "plot-a-timeline-with-text-for-counts",  # drew category axes, one tick per text, and exited 0
+        ("plot", "{in}/text-timeline"),
+        fragment="text-timeline/timeseries.parquet: queued: holds str values, not numbers, where plot draws",
     ),
     CommandCase(
         "plot-a-table-overwritten-in-place",  # its size as the manifest says, junk inside: a traceback
@@ -2546,17 +2555,19 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         replay_doc = copy.deepcopy(doc)
         _trace_workload(trace)(replay_doc)
         (root / f"{name}.yaml").write_text(yaml.safe_dump(replay_doc))
-    # runs whose requests table lacks a column plot draws from, or holds text in one, their manifests whole
+    # runs whose requests or timeseries table lacks a column plot draws from, or holds text in one, manifests whole
     ran = pd.read_parquet(root / "sim" / "requests.parquet")
-    for name, table in (
-        ("older-run", ran.drop(columns=["decision"])),
-        ("text-run", ran.assign(ttft_s="fast")),
+    timeline = pd.read_parquet(root / "sim" / "timeseries.parquet")
+    for name, file, table in (
+        ("older-run", "requests.parquet", ran.drop(columns=["decision"])),
+        ("text-run", "requests.parquet", ran.assign(ttft_s="fast")),
+        ("text-timeline", "timeseries.parquet", timeline.assign(queued=timeline["queued"].astype(str))),
     ):
         (root / name).mkdir()
-        table.to_parquet(root / name / "requests.parquet")
-        size = (root / name / "requests.parquet").stat().st_size
+        table.to_parquet(root / name / file)
+        size = (root / name / file).stat().st_size
         (root / name / "manifest.json").write_text(
-            json.dumps({"command": "simulate", "partial": False, "files": {"requests.parquet": size}})
+            json.dumps({"command": "simulate", "partial": False, "files": {file: size}})
         )
     (root / "foreign").mkdir()
     (root / "foreign" / "requests.parquet").write_bytes((root / "sim" / "timeseries.parquet").read_bytes())

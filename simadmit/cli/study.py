@@ -428,7 +428,8 @@ def plot(
 
     matplotlib.use("Agg")
     if not directory.is_dir():
-        fail([f"{directory}: not a directory"])
+        what = "is a file, not a folder" if directory.exists() else "folder not found"
+        fail([f"{directory}: {what} (give a simulate or sweep --out folder)"])
         return
     given = resolve_scenario(scenario) if scenario is not None else None  # a file, or a bundled name
     slo, scenario = None, given

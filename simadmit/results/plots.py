@@ -35,6 +35,14 @@ _DASHES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
 
 
+_NUMBERS = {  # per table plot draws from, the columns its figures read as numbers
+    "sweep.parquet": ("arrival_rate_rps", "work_utilization", "ttft_p99_s", "e2e_p99_s", "served_ttft_p99_s",
+                      "served_e2e_p99_s", "rejection_rate", "goodput_rps"),
+    "requests.parquet": ("seed", "ttft_s", "e2e_s"),
+    "timeseries.parquet": ("seed", "t_s", "queued", "in_flight_gpu_s", "rejects"),
+}  # fmt: skip
+
+
 def _color(name: str, index: int) -> str:
     return _COLORS.get(name, _OTHER[index % len(_OTHER)])
 
@@ -236,8 +244,9 @@ def plot_directory(
 def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
     """The table at `path`, for the figures drawn from it in the block: a column they need that it lacks
     or that holds no numbers (a table of another kind, or written by an older simadmit), or a file that
-    holds no table it can read, is an `InputError` naming the table."""
+    holds no table it can read, is an `InputError` naming the table (and the column, when known)."""
     table = read_table(path, f"a {path.stem} table")
+    _check_numbers(path, table)
     try:
         yield table
     except KeyError as e:
@@ -250,6 +259,17 @@ def _drawn_from(path: Path) -> Iterator[pd.DataFrame]:
     except (ValueError, TypeError) as e:  # text where a latency or a count goes
         why = f"a column plot draws holds no numbers ({str(e).split('. ')[0]})"
         raise InputError([problem(path, None, f"{why}: run the command that writes it again")]) from None
+
+
+def _check_numbers(path: Path, table: pd.DataFrame) -> None:
+    """`InputError` naming the first column of `_NUMBERS` the table holds as anything but numbers: text or
+    true/false that matplotlib would draw as categories, a figure of nonsense."""
+    for col in _NUMBERS.get(path.name, ()):
+        if col in table and (
+            not pd.api.types.is_numeric_dtype(table[col]) or pd.api.types.is_bool_dtype(table[col])
+        ):
+            why = f"holds {table[col].dtype} values, not numbers, where plot draws them"
+            raise InputError([problem(path, col, f"{why}: run the command that writes it again")])
 
 
 def _sweep_slo(meta: Path) -> dict[str, dict[str, float]]:

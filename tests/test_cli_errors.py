@@ -1092,6 +1092,12 @@ SIM_CASES = [
         fragment="workload.trace: columns apply to format: mapped (format azure reads its own columns)",
     ),
     Case(
+        "trace-mapped-prompt-and-output-on-one-column",  # ran, every output as long as its prompt
+        _trace_workload("trace.csv", "mapped", columns={**MAPPED, "output_tokens": "p"}),
+        files={"trace.csv": "t,p,o\n0,100,20\n0.5,200,30\n"},
+        fragment="scenario.yaml: workload.trace.columns: prompt_tokens and output_tokens both map column 'p'",
+    ),
+    Case(
         "trace-partial-columns-of-another-format",  # a line per column the map lacked, not why
         _trace_workload(columns={"prompt_tokens": "foo"}),
         files={"trace.csv": AZURE_OK},

@@ -224,6 +224,18 @@ class TraceColumnsSpec(Spec):
     output_tokens: str
     tier: str | None = None
 
+    @model_validator(mode="after")
+    def _one_column_each(self) -> TraceColumnsSpec:
+        """Two fields mapped to one column would read the same numbers: a prompt as long as its output,
+        arrival times as token counts."""
+        seen: dict[str, str] = {}
+        for name in ("arrival", "prompt_tokens", "output_tokens", "tier"):
+            column = getattr(self, name)
+            if column is not None and column in seen:
+                raise ValueError(f"{seen[column]} and {name} both map column {column!r}: each needs its own")
+            seen.setdefault(column, name)
+        return self
+
 
 class TraceFileSpec(Spec):
     path: str = Field(

@@ -1284,7 +1284,8 @@ def test_simulate_input(case: Case, tmp_path: Path) -> None:
 
 @dataclass(frozen=True)
 class CalibrateCase:
-    """A `simadmit calibrate ...` command; `{url}` is a fake vLLM server behaving as `server` says."""
+    """A `simadmit calibrate ...` command; `{url}` is a fake vLLM server behaving as `server` says, `{https_url}`
+    the same server named https:// (it speaks plain http), `{port}` its port."""
 
     id: str
     args: tuple[str, ...]
@@ -1460,6 +1461,19 @@ CALIBRATE_CASES = [
         ),
         fragment="--rate: 1e-300 arrivals per second: the 3 requests would take 1.43e+300 s to send; at most 1e+06 s",
     ),
+    *(  # "cannot connect ([SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006))"
+        CalibrateCase(
+            f"{command}-https-to-a-plain-http-server",
+            args,
+            fragment="--endpoint: https://127.0.0.1:{port}: the server speaks plain http, not https: write "
+            "http://127.0.0.1:{port}",
+        )
+        for command, args in (
+            ("calibrate", ("calibrate", "--endpoint", "{https_url}", "--out", "{tmp}/p.yaml")),
+            ("check", ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{https_url}/v1")),
+            ("replay", ("replay", "{in}/ok.yaml", "--endpoint", "{https_url}", "--out", "{tmp}/r")),
+        )
+    ),
     CalibrateCase(
         "check-negative-rate",
         ("calibrate", "check", "smollm2-135m-cpu", "--endpoint", "{url}", "--rate", "-1"),
@@ -1471,15 +1485,21 @@ CALIBRATE_CASES = [
 @pytest.mark.parametrize("case", CALIBRATE_CASES, ids=[c.id for c in CALIBRATE_CASES])
 def test_calibrate_input(case: CalibrateCase, tmp_path: Path, inputs: dict[str, str]) -> None:
     with FakeVllm(then=case.server) as server:
-        with_key = server.url.replace("http://", "http://user:sk-secret-3@")
-        args = [a.format(**inputs, url=server.url, url_with_key=with_key, tmp=tmp_path) for a in case.args]
+        urls = {
+            "url": server.url,
+            "url_with_key": server.url.replace("http://", "http://user:sk-secret-3@"),
+            "https_url": server.url.replace("http://", "https://"),
+            "port": server.url.rpartition(":")[2],
+        }
+        args = [a.format(**inputs, **urls, tmp=tmp_path) for a in case.args]
         result = simadmit(*args, "--model", "fake-model") if "check" in args else simadmit(*args)
+    fragment = case.fragment.format(**urls)
     if case.code == 1:  # a run that stopped: one line saying why, never a traceback
         assert "Traceback" not in result.stdout + result.stderr
         assert result.returncode == 1, result.stdout + result.stderr
-        assert case.fragment in result.stderr, result.stderr
+        assert fragment in result.stderr, result.stderr
         return
-    assert_outcome(result, case.code, case.fragment)
+    assert_outcome(result, case.code, fragment)
 
 
 STUDY_SEED_CASES = [

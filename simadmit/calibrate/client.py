@@ -143,15 +143,33 @@ def normalize_base_url(url: str, option: str = "--endpoint") -> str:
     return base_url
 
 
-def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> InputError:
-    """Name the cause a user can act on: refused (nothing listens), unknown host, or time-out."""
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and the exceptions it was raised from, outermost first."""
     causes = []
     e: BaseException | None = error
     while e is not None:
         causes.append(e)
         e = e.__cause__ or e.__context__
+    return causes
+
+
+def plain_http(base_url: str, error: BaseException) -> str | None:
+    """What to write instead of an https:// URL whose server answered the TLS handshake in plain HTTP (OpenSSL's
+    "wrong version number"), or None when that is not what `error` says."""
+    if not any(getattr(c, "reason", None) == "WRONG_VERSION_NUMBER" for c in _causes(error)):
+        return None
+    return "the server speaks plain http, not https: write " + without_credentials(
+        base_url.replace("https://", "http://", 1)
+    )
+
+
+def _connection_problem(base_url: str, error: httpx.HTTPError, option: str) -> InputError:
+    """Name the cause a user can act on: refused (nothing listens), unknown host, plain http, or time-out."""
+    causes = _causes(error)
     if any(isinstance(c, ConnectionRefusedError) for c in causes):
         cause = "connection refused (is the server running on that port?)"
+    elif http := plain_http(base_url, error):
+        cause = http
     elif any(isinstance(c, socket.gaierror) for c in causes):
         cause = "unknown host"
     elif isinstance(error, httpx.TimeoutException):

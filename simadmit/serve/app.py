@@ -41,6 +41,7 @@ from simadmit.admission.gateway import TOO_LONG, Gateway
 from simadmit.admission.policies import Decision, Request, retry_after
 from simadmit.admission.predictive import StatefulPolicy
 from simadmit.admission.published import prior_price
+from simadmit.calibrate.client import plain_http
 from simadmit.serve.backends import Backend, Flight, LivePool, parse_poll
 from simadmit.serve.discovery import DISCOVERY_INTERVAL_S, Resolver, backend_urls, resolve
 from simadmit.serve.inbound import (
@@ -185,7 +186,9 @@ class GatewayServer:
                     then = (
                         "kept on its last gauges" if pool.keep_stale else "unavailable, its requests cut off"
                     )
-                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    why = plain_http(backend.url, e) or (
+                        str(e).splitlines()[0] if str(e) else type(e).__name__
+                    )
                     log.warning(
                         "backend %s of pool %s: /metrics not answering (%s): %s",
                         backend.shown,

@@ -1098,6 +1098,24 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.columns: prompt_tokens and output_tokens both map column 'p'",
     ),
     Case(
+        "trace-fixed-max-tokens-with-a-factor",  # ran, every client sending 64: the factor silently ignored
+        _trace_workload(max_tokens={"kind": "fixed", "value": 64, "factor": 2}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.max_tokens: factor and cap apply to kind scaled",
+    ),
+    Case(
+        "trace-scaled-max-tokens-with-a-value",  # ran, the value silently ignored
+        _trace_workload(max_tokens={"kind": "scaled", "value": 64}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.max_tokens: value applies to kind fixed",
+    ),
+    Case(
+        "trace-fixed-max-tokens-without-a-value",
+        _trace_workload(max_tokens={"kind": "fixed"}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.max_tokens: kind fixed needs value",
+    ),
+    Case(
         "trace-partial-columns-of-another-format",  # a line per column the map lacked, not why
         _trace_workload(columns={"prompt_tokens": "foo"}),
         files={"trace.csv": AZURE_OK},

@@ -341,6 +341,18 @@ class MaxTokensSpec(Spec):
     )
     cap: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> MaxTokensSpec:
+        """fixed sends `value`, scaled scales by `factor` up to `cap`: a field of the other kind would be
+        silently ignored."""
+        if self.kind == "fixed" and self.value is None:
+            raise ValueError("kind fixed needs value (the max_tokens every client sends)")
+        if self.kind == "fixed" and (self.factor is not None or self.cap is not None):
+            raise ValueError("factor and cap apply to kind scaled: kind fixed sends value")
+        if self.kind == "scaled" and self.value is not None:
+            raise ValueError("value applies to kind fixed: kind scaled sends the output x factor, up to cap")
+        return self
+
 
 class TraceReplaySpec(TraceFileSpec):
     tiers: TraceTiersSpec = TraceTiersSpec()

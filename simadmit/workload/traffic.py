@@ -98,8 +98,7 @@ def tier_rule(spec: TraceTiersSpec, shares: dict[str, float], mapped_tier: str |
 
 def max_tokens_policy(spec: MaxTokensSpec) -> tiers.MaxTokensPolicy:
     if spec.kind == "fixed":
-        if spec.value is None:
-            raise InputError(["workload.trace.max_tokens: kind fixed needs value"])
+        assert spec.value is not None  # MaxTokensSpec requires it
         return tiers.FixedMaxTokens(spec.value)
     return tiers.ScaledMaxTokens(spec.factor or 1.0, spec.cap)
 

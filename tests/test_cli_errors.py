@@ -816,6 +816,12 @@ SIM_CASES = [
         summary=lambda s: 0.74 < s["unconditional"]["all"]["utilization"] < 0.86,  # not 1.0, as with min 1
     ),
     Case(
+        "gpu-seconds-without-a-budget-per-tier",  # a TypeError traceback: max() of the default budget alone
+        _set("policies", [{"kind": "gpu_seconds", "budgets_s": {}}]),
+        code=0,
+        fragment="simulated requests",
+    ),
+    Case(
         "queue-depth-zero-is-a-loss-system",
         _classical(
             {"kind": "exponential", "mean": 0.5 * math.exp(0.5)}, {"kind": "queue_depth", "max_queued": 0}

@@ -12,7 +12,7 @@ RETRY_ELAPSED_HEADER = "x-retry-elapsed-s"
 
 def default_max_pool_gpu_s(gpus: int, budgets_s: dict[str, float], default_budget_s: float) -> float:
     """The pool's maximum in-flight work when none is set: available GPUs x the largest wait budget."""
-    return gpus * max(default_budget_s, *budgets_s.values())
+    return gpus * max([default_budget_s, *budgets_s.values()])
 
 
 DEFAULT_ENGINE_KIND = "continuous"  # an engine whose `kind` is left out batches continuously

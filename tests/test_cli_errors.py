@@ -822,6 +822,25 @@ SIM_CASES = [
         fragment="simulated requests",
     ),
     Case(
+        "saturation-kv-threshold-as-a-percent",  # ran, the cache never 80 times full: never saturated
+        _set("policies", [{"kind": "saturation", "kv_cache_threshold": 80}]),
+        fragment="policies.0.kv_cache_threshold: 80: a fraction of the KV cache, at most 1 (for 80% write 0.8)",
+    ),
+    Case(
+        "predicted-ttft-e2e-budget-under-its-ttft-budget",  # ran, the TTFT budget never binding: the two swapped
+        _set(
+            "policies",
+            [
+                {
+                    "kind": "predicted_ttft",
+                    "budgets_s": {"interactive": 2},
+                    "e2e_budgets_s": {"interactive": 1},
+                }
+            ],
+        ),
+        fragment="policies.0: e2e_budgets_s.interactive (1 s) under budgets_s.interactive (2 s)",
+    ),
+    Case(
         "queue-depth-zero-is-a-loss-system",
         _classical(
             {"kind": "exponential", "mean": 0.5 * math.exp(0.5)}, {"kind": "queue_depth", "max_queued": 0}

@@ -394,6 +394,19 @@ class PredictedTtftSpec(Spec):
         default=True, description="drop admitted requests still queued once their deadline is lost"
     )
 
+    @model_validator(mode="after")
+    def _end_after_first_token(self) -> PredictedTtftSpec:
+        """A tier's end-to-end budget under its TTFT budget leaves the TTFT budget nothing to bind: surely
+        the two swapped, as `SLOSpec` says of the SLOs."""
+        for tier, e2e in (self.e2e_budgets_s or {}).items():
+            ttft = (self.budgets_s or {}).get(tier, 0.0)
+            if e2e < ttft:
+                raise ValueError(
+                    f"e2e_budgets_s.{tier} ({e2e:g} s) under budgets_s.{tier} ({ttft:g} s): a request ends after "
+                    "its first token, so its TTFT budget could never bind"
+                )
+        return self
+
 
 class SaturationSpec(Spec):
     kind: Literal["saturation"]
@@ -402,7 +415,18 @@ class SaturationSpec(Spec):
         default=None, description="tiers never shed (default: the tier with the tightest TTFT SLO)"
     )
     queue_depth_threshold: float = Field(default=5.0, gt=0)
-    kv_cache_threshold: float = Field(default=0.8, gt=0)
+    kv_cache_threshold: float = Field(
+        default=0.8, gt=0, description="fraction of the KV cache in use that counts as saturated"
+    )
+
+    @field_validator("kv_cache_threshold")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        """A threshold above 1 is never reached (the cache is at most full): a percent written as a number."""
+        if v > 1:
+            raise ValueError(f"{v:g}: a fraction of the KV cache, at most 1 (for 80% write 0.8)")
+        return v
+
     metrics_staleness_s: float = Field(default=0.2, gt=0, description="older metrics count as saturated")
 
 

@@ -841,6 +841,11 @@ SIM_CASES = [
         fragment="policies.0: e2e_budgets_s.interactive (1 s) under budgets_s.interactive (2 s)",
     ),
     Case(
+        "rate-limit-of-a-tier-without-a-limit",  # ran as listed and limited, and never was
+        _set("policies", [{"kind": "rate_limit", "tiers": {"interactive": {}}}]),
+        fragment="policies.0.tiers.interactive: give rpm, tpm or both",
+    ),
+    Case(
         "queue-depth-zero-is-a-loss-system",
         _classical(
             {"kind": "exponential", "mean": 0.5 * math.exp(0.5)}, {"kind": "queue_depth", "max_queued": 0}

@@ -445,6 +445,13 @@ class LimitSpec(Spec):
     rpm: float | None = Field(default=None, gt=0, description="requests per minute")
     tpm: float | None = Field(default=None, gt=0, description="tokens (prompt + max_tokens) per minute")
 
+    @model_validator(mode="after")
+    def _limits_something(self) -> LimitSpec:
+        """A tier listed with neither limit would be listed as limited and never be."""
+        if self.rpm is None and self.tpm is None:
+            raise ValueError("give rpm, tpm or both: a tier with neither is not limited (leave it out)")
+        return self
+
 
 class RateLimitSpec(Spec):
     kind: Literal["rate_limit"]

@@ -2109,6 +2109,11 @@ COMMAND_CASES = [
         fragment="--warmup: 1000 s leaves out every request of {sim} (the last arrives at",
     ),
     CommandCase(
+        "compare-a-replay-as-the-simulation",  # the folders swapped: reported the replay's error against the run
+        ("compare", "{in}/replayed", "{sim}"),
+        fragment="replayed: holds a replay run: the first folder is the simulation (compare SIM_DIR REAL_DIR...)",
+    ),
+    CommandCase(
         "compare-out-is-a-run-folder",
         ("compare", "{sim}", "{sim}", "--out", "{sim}"),
         fragment="{sim}: holds a simulate run: give --out a folder of its own",  # never mixed into it

@@ -210,6 +210,7 @@ def compare_command(
         if out is not None:
             check_destination(out, replace=False, command="compare")
         reals = run_dirs(real_dirs)
+        _not_a_replay(sim_dir)
         sim = _runs(sim_dir, policy)
         partial = interrupted_note(sim_dir)
         real_by_dir = [(d, _runs(d, policy, when_several=True)) for d in reals]
@@ -273,6 +274,14 @@ def _stale_plots(out: Path, files: dict[str, Writer]) -> list[Path]:
     if held_run(out) != "compare":
         return []
     return sorted(p for p in out.glob("cdf_*.png") if p.name not in files)
+
+
+def _not_a_replay(sim_dir: Path) -> None:
+    """`InputError` for a replay given as the simulated side: the two folders swapped, which would report the
+    real run's error against the simulation."""
+    if (sim_dir / "replay.json").is_file() or any(sim_dir.glob("repeat-*/replay.json")):
+        why = "holds a replay run: the first folder is the simulation (compare SIM_DIR REAL_DIR...)"
+        raise InputError([problem(sim_dir, None, why)])
 
 
 def _runs(folder: Path, policy: str | None, when_several: bool = False) -> list[Run]:

@@ -294,6 +294,18 @@ SIM_CASES = [
         fragment="scenario.yaml: workload.trace.tiers: rules apply with by: length only, not by: share",
     ),
     Case(
+        "trace-tier-column-under-by-share",  # ran, tiers dealt by share: the column never read
+        _trace_workload(tiers={"by": "share", "column": "class"}),
+        files={"trace.csv": AZURE_OK},
+        fragment="scenario.yaml: workload.trace.tiers: column applies with by: column only, not by: share",
+    ),
+    Case(
+        "trace-tier-default-under-by-share",  # ran, the default never applied
+        _trace_workload(tiers={"by": "share", "default": "t"}),
+        files={"trace.csv": AZURE_OK},
+        fragment="workload.trace.tiers: default applies with by: length or by: column, not by: share",
+    ),
+    Case(
         "trace-tier-names-under-by-length",
         _trace_workload(tiers={"by": "length", "names": {"gold": "t"}}),
         files={"trace.csv": AZURE_OK},
@@ -324,6 +336,14 @@ SIM_CASES = [
         _set("workload.tiers.0.prompt_tokens", EMPIRICAL),
         files={"trace.csv": AZURE_OK + "2023-11-16 18:15:48.00,abc,12\n"},
         fragment="trace.csv: line 4: ContextTokens 'abc'",
+    ),
+    Case(
+        "empirical-values-with-a-column",  # ran on the values, the column picking nothing
+        _set(
+            "workload.tiers.0.output_tokens",
+            {"kind": "empirical", "values": [20, 30], "column": "output_tokens"},
+        ),
+        fragment="workload.tiers.0.output_tokens: column picks a trace's lengths: it does not apply to values",
     ),
     Case(
         "trace-fit-arrivals",

@@ -158,6 +158,8 @@ class EmpiricalSpec(Spec):
     def _one_source(self) -> EmpiricalSpec:
         if (self.values is None) == (self.trace is None):
             raise ValueError("set exactly one of values and trace")
+        if self.values is not None and self.column != "prompt_tokens":  # else silently never read
+            raise ValueError("column picks a trace's lengths: it does not apply to values")
         return self
 
 
@@ -328,6 +330,12 @@ class TraceTiersSpec(Spec):
             raise ValueError(f"rules apply with by: length only, not by: {self.by}")
         if self.names and self.by != "column":
             raise ValueError(f"names apply with by: column only, not by: {self.by}")
+        if self.column != "tier" and self.by != "column":  # by value: a dumped scenario writes the default
+            raise ValueError(f"column applies with by: column only, not by: {self.by} (a rule names its own)")
+        if self.default is not None and self.by == "share":
+            raise ValueError(
+                "default applies with by: length or by: column, not by: share (every row gets a tier)"
+            )
         return self
 
 

@@ -370,6 +370,16 @@ SIM_CASES = [
         fragment="note: workload.rate_rps, workload.tiers.0.prompt_tokens: not used when replaying a trace",
     ),
     Case(
+        "trace-with-a-tier-window-and-shares-set-anyway",  # ran silently, every row dealt by length at any time
+        lambda d: (
+            _trace_workload(tiers={"by": "length", "rules": [{"tier": "b", "above": 380}]})(d),
+            d["workload"]["tiers"].extend([{"name": "b", "share": 3, "start_s": 60}]),
+        ),
+        files={"trace.csv": AZURE_OK},
+        code=0,
+        fragment="note: workload.tiers.1.start_s, workload.tiers.1.share: not used when replaying a trace",
+    ),
+    Case(
         "trace-bom-crlf-trailing-blank-lines",
         _trace_workload(),
         files={"trace.csv": "\ufeff" + AZURE_OK.replace("\n", "\r\n") + "\r\n\r\n"},

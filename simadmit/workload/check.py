@@ -21,6 +21,7 @@ from simadmit.config.workload_schema import (
     DiurnalSpec,
     FitArrivalSpec,
     ProfileArrivalSpec,
+    TierSpec,
     WorkloadSpec,
 )
 from simadmit.workload import arrivals, traffic
@@ -152,7 +153,8 @@ def _trace_notes(spec: ScenarioSpec) -> list[str]:
 
 def _unused_by_a_trace(spec: ScenarioSpec) -> list[str]:
     """One line naming what a trace replay leaves unused that the scenario set anyway (the trace's rows give
-    the times and lengths), so a rate or a length distribution set by habit is not taken to act."""
+    the times and lengths), so a rate, a length distribution, a tier's window or share set by habit is not
+    taken to act."""
     w = spec.workload
     if w.trace is None:
         return []
@@ -167,6 +169,15 @@ def _unused_by_a_trace(spec: ScenarioSpec) -> list[str]:
         for field in ("prompt_tokens", "output_tokens", "max_tokens")
         if getattr(tier, field) is not None
     ]
+    unused += [  # the trace's rows are dealt to tiers whatever the time: a tier's window never applies
+        f"tiers.{i}.{field}"
+        for i, tier in enumerate(w.tiers)
+        for field in ("start_s", "end_s")
+        if getattr(tier, field) != TierSpec.model_fields[field].default
+    ]
+    if w.trace.tiers.by != "share":  # shares deal the rows only by: share
+        share = TierSpec.model_fields["share"].default
+        unused += [f"tiers.{i}.share" for i, tier in enumerate(w.tiers) if tier.share != share]
     if not unused:
         return []
     return [

@@ -2382,7 +2382,7 @@ COMMAND_CASES = [
             "--port",
             "{busy}",
         ),
-        fragment="ok.yaml: gateway.http.tokenizer: {in}/no.json: file not found",
+        fragment="error: --set: gateway.http.tokenizer: {in}/no.json: file not found",  # not ok.yaml, which has none
     ),
     *(  # both were "file not found"
         CommandCase(
@@ -2400,12 +2400,25 @@ COMMAND_CASES = [
                 "--port",
                 "{busy}",
             ),
-            fragment=f"ok.yaml: gateway.http.tokenizer: {shown}: {why}",
+            fragment=f"error: --set: gateway.http.tokenizer: {shown}: {why}",
         )  # fmt: skip
         for what, path, shown, why in (
             ("a-folder", "folder", "{in}/folder", "is a folder"),
             ("a-device", "/dev/null", "/dev/null", "is not a regular file (a device, pipe or socket)"),
         )
+    ),
+    CommandCase(
+        "gateway-central-dispatch-set-on-the-command-line",  # named ok.yaml, which does not write it
+        (
+            "gateway",
+            "--backend",
+            "{refused}",
+            "--scenario",
+            "{in}/ok.yaml",
+            "--set",
+            "gateway.dispatch=central",
+        ),
+        fragment="error: --set: gateway.dispatch: central (holding admitted requests in the gateway",
     ),
     CommandCase(
         "calibrate-out-is-a-folder",

@@ -15,7 +15,7 @@ import typer
 
 from simadmit.cli.common import fail
 from simadmit.config.errors import InputError
-from simadmit.config.loading import load_scenario
+from simadmit.config.loading import load_scenario_with_origin
 from simadmit.config.overrides import parse_assignments
 from simadmit.config.resources import resolve_scenario
 
@@ -76,12 +76,14 @@ def gateway(
         overrides = parse_assignments(set_)
         path = resolve_scenario(scenario)
         # the gateway draws no workload: a trace the scenario replays need not be on this machine
-        spec, base = load_scenario(path, overrides, workload_traces=False)
+        spec, base, origin = load_scenario_with_origin(path, overrides, workload_traces=False)
         if profile:
             profiles = profile_overrides(profile, [p.name for p in spec.pools])
             given_by = dict.fromkeys(profiles, "--profile")
-            spec, base = load_scenario(path, overrides | profiles, workload_traces=False, given_by=given_by)
-        settings = serve_settings(spec, base, backend, policy, path)
+            spec, base, origin = load_scenario_with_origin(
+                path, overrides | profiles, workload_traces=False, given_by=given_by
+            )
+        settings = serve_settings(spec, base, backend, policy, origin)
         host = host.removeprefix("[").removesuffix("]")  # [::1], as an IPv6 address is written in a URL
         if not host.strip():  # the socket would take "" for every address: an unset variable, not a choice
             raise InputError(["--host '': no address given (0.0.0.0 listens on every address)"])

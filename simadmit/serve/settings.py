@@ -19,6 +19,7 @@ from simadmit.admission.policies import AdmissionPolicy
 from simadmit.admission.predictive import StatefulPolicy
 from simadmit.calibrate.client import normalize_base_url
 from simadmit.config.errors import InputError, problem
+from simadmit.config.loading import Origin
 from simadmit.config.schema import (
     GatewayHttpSpec,
     GpuSecondsSpec,
@@ -99,9 +100,11 @@ def assign_backends(spec: ScenarioSpec, backends: list[str]) -> tuple[tuple[str,
 
 
 def serve_settings(
-    spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, source: Path | None = None
+    spec: ScenarioSpec, base: Path, backends: list[str], policy: str | None, origin: Origin | None = None
 ) -> ServeSettings:
-    """What the gateway runs, from the scenario (`source`, named in its problems) and the command line."""
+    """What the gateway runs, from the scenario and the command line; a problem names where its field was
+    written, `origin(field)`: the scenario file, or `--set`."""
+    where = origin or (lambda field: None)
     g = spec.gateway
     simulated_only = [
         (g.estimate_output == "oracle", "gateway.estimate_output",
@@ -113,7 +116,7 @@ def serve_settings(
          "exact (every engine's current state) is a study's bound: a live gateway sees the backends' "
          "published metrics and its own books (metrics)"),
     ]  # fmt: skip
-    problems = [problem(source, field, why) for wrong, field, why in simulated_only if wrong]
+    problems = [problem(where(field), field, why) for wrong, field, why in simulated_only if wrong]
     if problems:
         raise InputError(problems)
     world = build_world(spec, base)
@@ -129,6 +132,8 @@ def serve_settings(
         http=http,
         tier_max_tokens={t.name: t.max_tokens or DEFAULT_MAX_TOKENS for t in spec.workload.tiers},
         default_tier=http.default_tier or spec.workload.tiers[0].name,
-        tokenizer=LocalTokenizer(base / http.tokenizer, source) if http.tokenizer else None,
+        tokenizer=LocalTokenizer(base / http.tokenizer, where("gateway.http.tokenizer"))
+        if http.tokenizer
+        else None,
         limit_share=share,
     )

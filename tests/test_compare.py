@@ -286,3 +286,18 @@ def test_a_simulation_folder_written_over_in_part_is_refused_and_a_partial_one_n
     noted = CliRunner().invoke(app, ["compare", str(sim), str(sim)])
     assert noted.exit_code == 0 and "verdict: PASS" in noted.stdout, noted.output
     assert f"note: {sim}/ holds an interrupted run" in " ".join(noted.stderr.split())
+
+
+def test_two_real_runs_compare_with_each_other_but_a_swapped_pair_is_refused(tmp_path: Path) -> None:
+    """A replay on the simulated side is the two folders swapped when a simulation stands among the real ones;
+    with only replays on both sides it is the noise between two real runs, which compare reports."""
+    sim = simulated(tmp_path)
+    real = tmp_path / "real"
+    shutil.copytree(sim, real)
+    (real / "replay.json").write_text("{}")  # what marks a `replay --out` folder
+    swapped = CliRunner().invoke(app, ["compare", str(real), str(sim)])
+    assert swapped.exit_code == 2
+    assert "holds a replay run: the first folder is the simulation" in swapped.output
+    both_real = CliRunner().invoke(app, ["compare", str(real), str(real)])
+    assert both_real.exit_code == 0, both_real.output
+    assert "verdict: PASS" in both_real.output

@@ -210,7 +210,7 @@ def compare_command(
         if out is not None:
             check_destination(out, replace=False, command="compare")
         reals = run_dirs(real_dirs)
-        _not_a_replay(sim_dir)
+        _not_swapped(sim_dir, reals)
         sim = _runs(sim_dir, policy)
         partial = interrupted_note(sim_dir)
         real_by_dir = [(d, _runs(d, policy, when_several=True)) for d in reals]
@@ -276,10 +276,16 @@ def _stale_plots(out: Path, files: dict[str, Writer]) -> list[Path]:
     return sorted(p for p in out.glob("cdf_*.png") if p.name not in files)
 
 
-def _not_a_replay(sim_dir: Path) -> None:
-    """`InputError` for a replay given as the simulated side: the two folders swapped, which would report the
-    real run's error against the simulation."""
-    if (sim_dir / "replay.json").is_file() or any(sim_dir.glob("repeat-*/replay.json")):
+def _is_replay(folder: Path) -> bool:
+    """A `replay --out` folder (or one holding its repeats), as against a simulation's."""
+    return (folder / "replay.json").is_file() or any(folder.glob("repeat-*/replay.json"))
+
+
+def _not_swapped(sim_dir: Path, reals: list[Path]) -> None:
+    """`InputError` for a replay given as the simulated side with a simulation among the real ones: the two
+    folders swapped, which would report the real run's error against the simulation. Two real runs compared
+    with each other (the noise between them) are left alone."""
+    if _is_replay(sim_dir) and not all(_is_replay(r) for r in reals):
         why = "holds a replay run: the first folder is the simulation (compare SIM_DIR REAL_DIR...)"
         raise InputError([problem(sim_dir, None, why)])
 

@@ -675,6 +675,14 @@ SIM_CASES = [
         ),
         fragment="pools.0.autoscaler.target: 1.5 for gpu_utilization, a busy fraction: at most 1",
     ),
+    Case(
+        "autoscaler-tolerance-of-a-whole",  # ran, and never scaled down (no ratio is under 1 - 5)
+        _set(
+            "pools.0.autoscaler",
+            {"metric": "queue_wait", "target": 2, "max_replicas": 2, "tolerance": 5},
+        ),
+        fragment="pools.0.autoscaler.tolerance: Input should be less than 1",
+    ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
     Case(
         "set-one-path-twice",  # the last one silently won

@@ -63,6 +63,11 @@ def test_slo_grammar() -> None:
     for floor in ("interactive.ttft_p99>=3s", "all.rejection>1%", "all.retries_per_request>=0.5"):
         with pytest.raises(InputError, match="is better the lower it is: bound it with <="):
             parse_slo(floor)
+    for never in ("interactive.ttft_p99<=0", "all.e2e_p50<=0ms", "all.served_ttft_p90<=0s"):
+        with pytest.raises(InputError, match="of 0 s: no request is that fast"):
+            parse_slo(never)
+    assert parse_slo("all.rejection<=0").limit == 0  # none turned away: a goal that can be met
+    assert parse_slo("all.queue_wait_mean_s<=0").limit == 0  # nobody queued
 
 
 def test_finds_the_erlang_c_replica_count(tmp_path: Path) -> None:

@@ -120,7 +120,12 @@ class AutoscalerSpec(Spec):
     min_replicas: int = Field(default=1, gt=0, le=MAX_REPLICAS)
     max_replicas: int = Field(gt=0, le=MAX_REPLICAS)
     sync_period_s: float = Field(default=15.0, ge=MIN_PERIOD_S, le=MAX_SECONDS)
-    tolerance: float = Field(default=0.1, ge=0)
+    tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="ratios within 1 +- this leave the count (at 1: never scales down)",
+    )
     scale_up_stabilization_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
     scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
     cold_start_s: DistSpec = Field(

@@ -105,6 +105,10 @@ def parse_slo(text: str) -> SLO:
         raise InputError([problem("--slo", text, f"the limit {raw!r} is not a finite number >= 0")])
     if measure in CEILINGS and not op.startswith("<"):
         raise InputError([problem("--slo", text, f"{measure} is better the lower it is: bound it with <=")])
+    if measure.startswith(("ttft", "e2e", "served_")) and value == 0:  # a request takes time: never met
+        raise InputError(
+            [problem("--slo", text, f"{measure} of 0 s: no request is that fast, none meets it")]
+        )
     if measure in SHARES and value > 1:  # `rejection<=2` meant 2%: as a share it holds always
         why = "at most 100%" if unit else f"from 0 to 1: for {raw} percent write {raw}%"
         raise InputError([problem("--slo", text, f"{measure} is a share, {why}")])

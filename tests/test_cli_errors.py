@@ -562,6 +562,17 @@ SIM_CASES = [
         "(prompt + max_tokens at least 164 tokens; the pool's context or KV capacity holds 50)",
     ),
     Case(
+        "profile-kv-cache-under-one-block",  # said the pool's KV capacity holds 0 tokens, not why
+        _set("pools.0.profile", "p.yaml"),
+        files={"p.yaml": _profile(kv_capacity_tokens=8)},
+        fragment="p.yaml: kv_capacity_tokens 8 is under one KV block (16 tokens): the engine could hold no request",
+    ),
+    Case(
+        "engine-kv-cache-under-one-block",  # blamed the scenario for a capacity of 0, not --set's 10 tokens
+        args=("--set", "pools.0.engine={kv_capacity_tokens: 10}"),
+        fragment="--set: pools.0.engine.kv_capacity_tokens: 10 tokens, under one KV block (16 tokens in the profile)",
+    ),
+    Case(
         "profile-context-shorter-than-some-requests",  # a run, its rejections explained
         _both(
             _set("pools.0.profile", "p.yaml"),

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from simadmit.config.errors import InputError, another_kind, problem, pydantic_problems, read_mapping
 from simadmit.config.schema import ScenarioSpec
@@ -87,6 +87,16 @@ class _ProfileFile(Spec):
     summary: _Summary
     fit: dict[str, object] = Field(default_factory=dict, description="fit quality reported by calibrate")
     warnings: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _holds_a_block(self) -> _ProfileFile:
+        """A KV cache under one block holds no request: every one would be answered 400."""
+        if self.kv_capacity_tokens < self.kv_block_size:
+            raise ValueError(
+                f"kv_capacity_tokens {self.kv_capacity_tokens:,} is under one KV block ({self.kv_block_size} "
+                "tokens): the engine could hold no request"
+            )
+        return self
 
 
 PROFILE_FIELDS = frozenset(_ProfileFile.model_fields)  # the top-level keys of a profile file

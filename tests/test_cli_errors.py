@@ -694,6 +694,11 @@ SIM_CASES = [
         ),
         fragment="pools.0.autoscaler.tolerance: Input should be less than 1",
     ),
+    Case(
+        "set-a-variant-of-an-unknown-field",  # blamed the scenario file for what --set wrote
+        args=("--set", "variants=[{name: a, set: {nope: 1}}]"),
+        fragment="--set: variants.0 (a): nope",
+    ),
     Case("set-no-equals", args=("--set", "workload.rate_rps"), fragment="expected path=value"),
     Case(
         "set-one-path-twice",  # the last one silently won

@@ -136,7 +136,7 @@ def _checked(
             variant_spec(spec, variant)
         except InputError as e:
             raise InputError(
-                [problem(source, f"variants.{i} ({variant.name})", p) for p in e.problems]
+                [problem(origin(f"variants.{i}"), f"variants.{i} ({variant.name})", p) for p in e.problems]
             ) from None
     base = Path(source).parent if source is not None else Path(".")
     missing = [

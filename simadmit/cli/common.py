@@ -23,7 +23,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError  # Typer's own
 from simadmit.config.errors import InputError, print_problems, problem
 from simadmit.config.loading import Origin, variant_spec
 from simadmit.config.schema import ScenarioSpec
-from simadmit.sim.world import World, build_world
+from simadmit.sim.world import build_world
 from simadmit.workload.check import check_workload
 
 MAX_SEED = 2**63 - 1  # numpy seeds are non-negative; replication r uses seed + r
@@ -95,27 +95,9 @@ def preflight(spec: ScenarioSpec, base: Path, origin: Origin, seed: int | None =
     notes: list[str] = []
     for s in specs:
         world = build_world(s, base)  # reads the profiles
-        _kv_holds_a_block(s, world, origin)
         limits = [world.pools[p].max_request_tokens for p in world.pool_of_tier]
         notes += [n for n in check_workload(s, origin, seed, limits) if n not in notes]
     return notes
-
-
-def _kv_holds_a_block(spec: ScenarioSpec, world: World, origin: Origin) -> None:
-    """`InputError` for a pool whose `engine.kv_capacity_tokens` is under one KV block of its profile: the
-    engine could hold no request (a profile's own capacity is checked when it is read)."""
-    problems = [
-        problem(
-            origin(field := f"pools.{i}.engine.kv_capacity_tokens"),
-            field,
-            f"{cfg.limits.kv_capacity_tokens:,} tokens, under one KV block ({cfg.limits.kv_block_size} tokens "
-            "in the profile): the engine could hold no request",
-        )
-        for i, cfg in enumerate(world.pools)
-        if cfg.limits.kv_blocks == 0
-    ]
-    if problems:
-        raise InputError(problems)
 
 
 def preflight_each(

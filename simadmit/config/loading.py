@@ -153,9 +153,9 @@ def _checked(
     if missing:
         raise InputError(missing)
     limits = [
-        problem(origin(f"pools.{i}.engine"), f"pools.{i}.engine", message)
+        problem(origin(field := f"pools.{i}.engine{part}"), field, message)
         for i, p in enumerate(spec.pools)
-        if (message := _engine_against_profile(p.engine, resolve_profile(p.profile, base)))
+        for part, message in _engine_against_profile(p.engine, resolve_profile(p.profile, base))
     ]
     if limits:
         raise InputError(limits)
@@ -195,17 +195,35 @@ def _validate(data: object, source: str | Path | None, origin: Origin | None = N
     return spec
 
 
-def _engine_against_profile(engine: object, profile_path: Path | None) -> str | None:
-    """An engine override that breaks the profile's own limits (max_num_batched_tokens >= max_num_seqs)."""
+def _engine_against_profile(engine: object, profile_path: Path | None) -> list[tuple[str, str]]:
+    """Engine overrides that break the profile's own limits, as (the part of `engine` named, why): a batch
+    whose token budget is under its sequences (max_num_batched_tokens >= max_num_seqs), a KV cache under
+    one of the profile's blocks (it could hold no request)."""
     if not isinstance(engine, ContinuousEngineSpec) or profile_path is None:
-        return None
-    if engine.max_num_seqs is None and engine.max_num_batched_tokens is None:
-        return None
-    limits = load_profile(profile_path).engine
-    return engine_limits_problem(
-        engine.max_num_batched_tokens or limits.max_num_batched_tokens,
-        engine.max_num_seqs or limits.max_num_seqs,
+        return []
+    if (
+        engine.max_num_seqs is None
+        and engine.max_num_batched_tokens is None
+        and engine.kv_capacity_tokens is None
+    ):
+        return []
+    profile = load_profile(profile_path)
+    found = []
+    batch = engine_limits_problem(
+        engine.max_num_batched_tokens or profile.engine.max_num_batched_tokens,
+        engine.max_num_seqs or profile.engine.max_num_seqs,
     )
+    if batch and (engine.max_num_seqs is not None or engine.max_num_batched_tokens is not None):
+        found.append(("", batch))
+    if engine.kv_capacity_tokens is not None and engine.kv_capacity_tokens < profile.kv_block_size:
+        found.append(
+            (
+                ".kv_capacity_tokens",
+                f"{engine.kv_capacity_tokens:,} tokens, under one KV block ({profile.kv_block_size} tokens in the "
+                "profile): the engine could hold no request",
+            )
+        )
+    return found
 
 
 def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:

@@ -689,13 +689,18 @@ def engine_alone() -> Iterator[str]:
                 os.sched_setaffinity(tid, cores)
 
 
-def start_server(out: Path):  # type: ignore[no-untyped-def]
-    """The tests' SmolLM2 server (provisioned on first use), stopped when the benchmark ends."""
+def start_server(out: Path, kv_cache_gib: int = 2):  # type: ignore[no-untyped-def]
+    """The tests' SmolLM2 server (provisioned on first use), stopped when the benchmark ends; its KV cache
+    `kv_cache_gib` GiB (2: 93,184 tokens in bfloat16)."""
     from simadmit.calibrate.launch import launched_server
     from tests.vllm_server import provision, server_args
 
     python, model_dir = provision()
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CACHE_ROOT": str(out / "vllm-cache"),
+    }
     return launched_server(
         str(model_dir), server_args(), str(python), out / "server.log", timeout_s=600, env=env
     )

@@ -562,15 +562,18 @@ SIM_CASES = [
         "(prompt + max_tokens at least 164 tokens; the pool's context or KV capacity holds 50)",
     ),
     Case(
-        "profile-kv-cache-under-one-block",  # said the pool's KV capacity holds 0 tokens, not why
+        "profile-kv-cache-of-one-block",  # said the pool's KV capacity holds 0 tokens, not why
         _set("pools.0.profile", "p.yaml"),
-        files={"p.yaml": _profile(kv_capacity_tokens=8)},
-        fragment="p.yaml: kv_capacity_tokens 8 is under one KV block (16 tokens): the engine could hold no request",
+        files={"p.yaml": _profile(kv_capacity_tokens=16)},
+        fragment="p.yaml: kv_capacity_tokens 16 tokens hold no KV block for a sequence (blocks of 16 tokens, and "
+        "vLLM keeps one back as its null block): the engine could hold no request",
     ),
     Case(
-        "engine-kv-cache-under-one-block",  # blamed the scenario for a capacity of 0, not --set's 10 tokens
-        args=("--set", "pools.0.engine={kv_capacity_tokens: 10}"),
-        fragment="--set: pools.0.engine.kv_capacity_tokens: 10 tokens, under one KV block (16 tokens in the profile)",
+        "engine-kv-cache-under-two-blocks",  # blamed the scenario for a capacity of 0, not --set's 30 tokens
+        args=("--set", "pools.0.engine={kv_capacity_tokens: 30}"),
+        fragment="--set: pools.0.engine.kv_capacity_tokens: 30 tokens hold no KV block for a sequence (blocks of 16 "
+        "tokens, and vLLM keeps one back as its null block): the engine could hold no request (the block size is "
+        "the profile's)",
     ),
     Case(
         "profile-context-shorter-than-some-requests",  # a run, its rejections explained

@@ -189,25 +189,25 @@ def test_an_arrival_within_rounding_of_a_boundary_inside_a_stretch(offset: float
 
 
 def test_kv_is_allocated_in_whole_blocks() -> None:
-    """Blocks of 16 and a cache of two: a 17-token prompt takes both, so a 1-token prompt arriving with it
-    waits for it to finish, although 18 tokens would fit in 32."""
-    limits = BatchLimits(8, 512, 32, kv_block_size=16)
+    """Blocks of 16 and a cache of three, one of them vLLM's null block: a 17-token prompt takes the other
+    two, so a 1-token prompt arriving with it waits for it to finish, although 18 tokens would fit in 32."""
+    limits = BatchLimits(8, 512, 48, kv_block_size=16)
     arrival, prompt, output = [0.0, 0.0], [17, 1], [1, 1]
     steps, rec = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
     assert steps == [(0.0, 1, 17, 17), (0.01, 1, 1, 1)]
     assert_same_as_reference(rec, arrival, prompt, output, OVERHEAD_ONLY, limits)
-    steps, _ = timeline(arrival, prompt, output, OVERHEAD_ONLY, BatchLimits(8, 512, 32))
+    steps, _ = timeline(arrival, prompt, output, OVERHEAD_ONLY, BatchLimits(8, 512, 33))
     assert steps == [(0.0, 2, 18, 18)]  # token-granular KV would have taken both at once
 
 
 def test_a_preempting_step_is_not_fast_forwarded() -> None:
-    """Blocks of 4, a cache of 3. Step 1 prefills A and B (4 tokens each: a block each). In step 2 both
+    """Blocks of 4, a cache of 3 beside the null block. Step 1 prefills A and B (4 tokens each: a block each). In step 2 both
     need a second block and one is free: A, first in running order, takes it; B, the newest, is preempted.
     That step admits nobody (vLLM: no waiting request is scheduled in a step that preempted), so B is not
     recomputed at once, and it lasts one step. From step 3 on B waits for two blocks (5 tokens to
     recompute) while A decodes alone, fast-forwarded to its finish; then B is recomputed and finishes.
     """
-    limits = BatchLimits(8, 64, 12, kv_block_size=4)
+    limits = BatchLimits(8, 64, 16, kv_block_size=4)
     arrival, prompt, output = [0.0, 0.0], [4, 4], [6, 3]
     steps, rec = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
     assert steps == [
@@ -224,12 +224,12 @@ def test_a_preempting_step_is_not_fast_forwarded() -> None:
 
 
 def test_a_preempting_step_does_not_readmit_the_request_it_preempted() -> None:
-    """Blocks of 4, a cache of 4, a budget of 8. Step 1 prefills A (4 tokens) and B's first chunk (4 of
+    """Blocks of 4, a cache of 4 beside the null block, a budget of 8. Step 1 prefills A (4 tokens) and B's first chunk (4 of
     11). In step 2 A, decoding, takes a second block; B's next chunk of 7 needs two more, one is free, and
     B, the newest, is preempted. Its blocks free two, enough for a 7-token chunk, yet B waits for step 3:
     a step that preempted admits nobody. Then B is recomputed while A finishes.
     """
-    limits = BatchLimits(4, 8, 16, kv_block_size=4)
+    limits = BatchLimits(4, 8, 20, kv_block_size=4)
     arrival, prompt, output = [0.0, 0.0], [4, 11], [3, 1]
     steps, rec = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
     assert steps == [
@@ -250,7 +250,7 @@ def test_aborting_the_blocked_head_of_the_queue_lets_the_next_one_in() -> None:
     step in progress and C starts at 0.05, instead of when A finishes at 0.09."""
     env = simpy.Environment()
     rec = Recorder(3)
-    replica = BatchingEngine(env, 0, OVERHEAD_ONLY, BatchLimits(4, 64, 16, kv_block_size=4), rec)
+    replica = BatchingEngine(env, 0, OVERHEAD_ONLY, BatchLimits(4, 64, 20, kv_block_size=4), rec)
     seqs = {}
     for rid, at, prompt, output in [(0, 0.0, 4, 9), (1, 0.025, 9, 1), (2, 0.035, 2, 1)]:
         env.timeout(at).callbacks.append(
@@ -267,7 +267,7 @@ def test_the_running_order_decides_who_is_preempted() -> None:
     """A request recomputed after a preemption rejoins the running order at its end, so it is the first
     to go at the next shortage, even though it arrived before the request behind it in the queue.
     Checked against the reference, which keeps vLLM's running list literally."""
-    limits = BatchLimits(4, 64, 24, kv_block_size=4)
+    limits = BatchLimits(4, 64, 28, kv_block_size=4)
     arrival = [0.0, 0.0, 0.0, 0.005]
     prompt, output = [4, 4, 4, 3], [12, 10, 9, 6]
     rec, _ = fast_run(arrival, prompt, output, OVERHEAD_ONLY, limits, books=True)
@@ -290,14 +290,14 @@ def test_fast_engine_matches_reference(n, rate, max_seqs, budget, kv_blocks, blo
     """Same first-token and finish times as the step-by-step reference, under preemption and chunking,
     with block-granular KV and (coarse) arrival times that often coincide with each other."""
     budget = max(budget, max_seqs)
-    kv = kv_blocks * block
+    kv = kv_blocks * block  # for sequences, beside the null block
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1 / rate, n))
     if coarse:
         arrival = np.round(arrival, 1)
     prompt = np.minimum(rng.integers(1, 400, n), kv - 1)
     output = np.minimum(rng.integers(1, 80, n), kv - prompt + 1)  # every request fits the KV cache alone
-    limits = BatchLimits(max_seqs, budget, kv, block)
+    limits = BatchLimits(max_seqs, budget, kv + block, block)
     violations = []
 
     def observe(_replica: int, running: int, tokens: int, kv_used: int) -> None:
@@ -318,7 +318,7 @@ def test_preemption_under_kv_pressure_matches_reference() -> None:
         arrival = np.cumsum(rng.exponential(0.01, 40))
         prompt = rng.integers(50, 200, 40)
         output = rng.integers(20, 80, 40)
-        limits = BatchLimits(16, 512, 600, 16)
+        limits = BatchLimits(16, 512, 616, 16)
         rec, _ = fast_run(arrival, prompt, output, STEP, limits)
         assert_same_as_reference(rec, arrival, prompt, output, STEP, limits)
         preemptions += rec.preemptions
@@ -334,7 +334,7 @@ def test_prompts_longer_than_the_token_budget_under_kv_pressure_match_reference(
         arrival = np.cumsum(rng.exponential(0.02, 30))
         prompt = rng.integers(100, 1000, 30)
         output = rng.integers(5, 60, 30)
-        limits = BatchLimits(8, 256, 2048, 16)
+        limits = BatchLimits(8, 256, 2064, 16)
         rec, _ = fast_run(arrival, prompt, output, STEP, limits, books=True)
         assert_same_as_reference(rec, arrival, prompt, output, STEP, limits)
         preemptions += rec.preemptions

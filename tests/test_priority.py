@@ -43,11 +43,11 @@ def test_equal_priorities_keep_arrival_order() -> None:
 
 
 def test_preemption_picks_the_lowest_priority() -> None:
-    """Blocks of 4, a cache of 3. A (batch) and B (interactive) arrive together, 4-token prompts: step 1
+    """Blocks of 4, a cache of 3 beside the null block. A (batch) and B (interactive) arrive together, 4-token prompts: step 1
     prefills both (a block each). In step 2 both need a second block and one is free. FCFS preempts B, the
     newest; priority preempts A, the lowest priority, although it was scheduled first in that step: it
     hands back its block and B takes it. A is recomputed (5 tokens, 2 blocks) once B finishes."""
-    limits = BatchLimits(8, 64, 12, kv_block_size=4)
+    limits = BatchLimits(8, 64, 16, kv_block_size=4)
     arrival, prompt, output = [0.0, 0.0], [4, 4], [6, 3]
     _, fcfs = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
     np.testing.assert_allclose(fcfs.finish, [0.06, 0.08])  # B, preempted, finishes last
@@ -67,10 +67,11 @@ def test_preemption_picks_the_lowest_priority() -> None:
 
 
 def test_a_newcomer_of_higher_priority_cuts_a_stretch_the_head_could_not_join() -> None:
-    """A decodes alone, fast-forwarded, while B (batch) waits for 3 blocks of 4 and only 2 are free. C
-    (interactive, 2 tokens) arrives at 0.035: by priority it is the new head and fits, so the stretch is cut
-    and C starts at the next step boundary (0.04), not when A finishes. FCFS keeps C behind B."""
-    limits = BatchLimits(4, 64, 16, kv_block_size=4)
+    """A decodes alone, fast-forwarded, while B (batch) waits for 3 blocks of 4 and only 2 of the 4 beside the
+    null block are free. C (interactive, 2 tokens) arrives at 0.035: by priority it is the new head and fits,
+    so the stretch is cut and C starts at the next step boundary (0.04), not when A finishes. FCFS keeps C
+    behind B."""
+    limits = BatchLimits(4, 64, 20, kv_block_size=4)
     arrival, prompt, output = [0.0, 0.025, 0.035], [4, 9, 2], [9, 1, 1]
     _, fcfs = timeline(arrival, prompt, output, OVERHEAD_ONLY, limits)
     assert fcfs.first[2] > 0.09
@@ -98,7 +99,7 @@ def test_fast_engine_matches_reference_by_priority(
     """Same first-token and finish times as the step-by-step reference under priority scheduling, with
     preemption, chunking, block-granular KV and arrivals that often coincide."""
     budget = max(budget, max_seqs)
-    kv = kv_blocks * block
+    kv = kv_blocks * block  # for sequences, beside the null block
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1 / rate, n))
     if coarse:
@@ -106,7 +107,7 @@ def test_fast_engine_matches_reference_by_priority(
     prompt = np.minimum(rng.integers(1, 400, n), kv - 1)
     output = np.minimum(rng.integers(1, 80, n), kv - prompt + 1)
     priority = rng.integers(0, levels, n)
-    limits = BatchLimits(max_seqs, budget, kv, block)
+    limits = BatchLimits(max_seqs, budget, kv + block, block)
     step = StepTimeModel(0.005, 2e-5, 1e-4, 1e-6, 1e-9)
     rec, _ = fast_run(arrival, prompt, output, step, limits, books=True, priority=priority)
     assert_same_as_reference(rec, arrival, prompt, output, step, limits, priority)

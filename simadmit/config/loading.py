@@ -24,7 +24,7 @@ from simadmit.config.errors import (
     read_mapping,
 )
 from simadmit.config.overrides import apply_overrides, override
-from simadmit.config.profile import PROFILE_FIELDS, load_profile
+from simadmit.config.profile import PROFILE_FIELDS, kv_cache_problem, load_profile
 from simadmit.config.resources import resolve_profile, resolve_trace
 from simadmit.config.schema import (
     ContinuousEngineSpec,
@@ -197,8 +197,8 @@ def _validate(data: object, source: str | Path | None, origin: Origin | None = N
 
 def _engine_against_profile(engine: object, profile_path: Path | None) -> list[tuple[str, str]]:
     """Engine overrides that break the profile's own limits, as (the part of `engine` named, why): a batch
-    whose token budget is under its sequences (max_num_batched_tokens >= max_num_seqs), a KV cache under
-    one of the profile's blocks (it could hold no request)."""
+    whose token budget is under its sequences (max_num_batched_tokens >= max_num_seqs), a KV cache with no
+    block for a sequence (`kv_cache_problem`)."""
     if not isinstance(engine, ContinuousEngineSpec) or profile_path is None:
         return []
     if (
@@ -215,14 +215,10 @@ def _engine_against_profile(engine: object, profile_path: Path | None) -> list[t
     )
     if batch and (engine.max_num_seqs is not None or engine.max_num_batched_tokens is not None):
         found.append(("", batch))
-    if engine.kv_capacity_tokens is not None and engine.kv_capacity_tokens < profile.kv_block_size:
-        found.append(
-            (
-                ".kv_capacity_tokens",
-                f"{engine.kv_capacity_tokens:,} tokens, under one KV block ({profile.kv_block_size} tokens in the "
-                "profile): the engine could hold no request",
-            )
-        )
+    if engine.kv_capacity_tokens is not None and (
+        kv := kv_cache_problem(engine.kv_capacity_tokens, profile.kv_block_size)
+    ):
+        found.append((".kv_capacity_tokens", f"{kv} (the block size is the profile's)"))
     return found
 
 

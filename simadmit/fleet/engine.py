@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import simpy
 from simpy.events import NORMAL, Event, EventPriority
 
-from simadmit.config.profile import StepTimeModel, prefill_attention_pairs
+from simadmit.config.profile import StepTimeModel, prefill_attention_pairs, sequence_kv_blocks
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 LATE = EventPriority(NORMAL + 1)  # after SimPy's URGENT and NORMAL: a step waits for the rest of its instant
@@ -94,8 +94,8 @@ class BatchLimits:
 
     @property
     def kv_blocks(self) -> int:
-        """Whole blocks the KV cache holds."""
-        return self.kv_capacity_tokens // self.kv_block_size
+        """The blocks sequences can hold (`sequence_kv_blocks`: vLLM keeps one back)."""
+        return sequence_kv_blocks(self.kv_capacity_tokens, self.kv_block_size)
 
 
 class EngineListener:

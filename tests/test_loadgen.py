@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from simadmit.cli import app
 from simadmit.config.loading import load_scenario, scenario_from_dict
-from simadmit.loadgen.plan import make_plan
+from simadmit.loadgen.plan import make_plan, request_bodies
 from simadmit.loadgen.run import ReplayConfig, replay
 from simadmit.loadgen.sender import rejection_reason
 from simadmit.loadgen.tables import write_run
@@ -101,6 +101,22 @@ def test_replay_sends_every_request_on_schedule_and_writes_simulates_schema(tmp_
     assert 0.009 < itl.median() < 0.1  # the server's 10 ms per token; a loaded machine delays some reads
     series = pd.read_parquet(tmp_path / "out" / "timeseries.parquet")
     assert series["arrivals"].sum() == len(req) and {"queued", "running", "kv_usage"} <= set(series.columns)
+
+
+@pytest.mark.parametrize("scheduling", ["fcfs", "priority"])
+def test_each_request_carries_its_tiers_priority_to_a_priority_scheduling_pool(
+    tmp_path: Path, scheduling: str
+) -> None:
+    """Under `scheduling: priority` every body sent carries its tier's `priority` (0 for a tier not listed),
+    as the simulated engine ranks it; under FCFS none does (vLLM refuses a priority there)."""
+    doc = scenario_doc()
+    doc["pools"][0]["engine"] = {"scheduling": scheduling, "tier_priority": {"bulk": 2}}
+    plan = make_plan(scenario_from_dict(doc, tmp_path / "s.yaml"), tmp_path)
+    bodies = [json.loads(b) for b in request_bodies(plan, "m", None, random.Random(0))]
+    tiers = [plan.workload.tier_names[t] for t in plan.workload.tier]
+    assert {"chat", "bulk"} <= set(tiers)
+    expected = [{"chat": 0, "bulk": 2}[t] if scheduling == "priority" else None for t in tiers]
+    assert [b.get("priority") for b in bodies] == expected
 
 
 @pytest.mark.parametrize("reason", ["would_exceed_e2e", "pool_exhausted"])

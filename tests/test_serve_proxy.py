@@ -133,6 +133,24 @@ def test_tier_from_header_or_api_key(tmp_path: Path) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("scheduling", ["fcfs", "priority"])
+def test_a_priority_scheduling_pool_gets_each_requests_tier_priority(tmp_path: Path, scheduling: str) -> None:
+    """Behind a pool that schedules by priority, the gateway sets each forwarded body's `priority` to its
+    tier's (over whatever the client asked), as the simulated engine ranks it; behind FCFS it adds none."""
+
+    async def main() -> None:
+        fake = FakeVllm()
+        engine = {"scheduling": scheduling, "tier_priority": {"batch": 1}}
+        async with stack(tmp_path, [fake], pools__0__engine=engine) as (_server, client):
+            await client.post("/v1/completions", json=completion(), headers={"x-tier": "batch"})
+            await client.post("/v1/completions", json=completion(priority=-5), headers={"x-tier": "batch"})
+            await client.post("/v1/completions", json=completion())
+            sent = [b.get("priority") for b in fake.bodies]
+            assert sent == ([1, 1, 0] if scheduling == "priority" else [None, -5, None])
+
+    run(main())
+
+
 BAD = [
     (b"{not json", {}, 400, "not valid JSON"),
     (b"[1, 2]", {}, 400, "JSON object"),

@@ -30,6 +30,7 @@ class Plan:
     workload: Workload
     seed: int
     tier_pool: tuple[str, ...]  # the pool serving each tier, by name
+    tier_priority: tuple[int | None, ...]  # the priority each tier's requests carry (None: FCFS pools)
     clients: ClientConfig
     warmup_s: float
 
@@ -47,13 +48,17 @@ def make_plan(spec: ScenarioSpec, base: Path, seed: int | None = None) -> Plan:
     world = build_world(spec, base)
     seed = spec.workload.seed if seed is None else seed
     pools = tuple(world.pools[p].name for p in world.pool_of_tier)
-    return Plan(generate(spec.workload, seed), seed, pools, world.clients, world.warmup_s)
+    priorities = tuple(
+        world.pools[p].priority_of(tier) for tier, p in zip(world.tier_names, world.pool_of_tier, strict=True)
+    )
+    return Plan(generate(spec.workload, seed), seed, pools, priorities, world.clients, world.warmup_s)
 
 
 def request_bodies(plan: Plan, model: str, token_pool: list[int] | None, rng: random.Random) -> list[bytes]:
     """Every request's encoded body, made before the run so that sending costs nothing but the write."""
     prompts = PromptMaker(token_pool, rng)
+    w = plan.workload
     return [
-        encode_body(model, prompts.make(p), o)
-        for p, o in zip(plan.workload.prompt.tolist(), plan.target_output.tolist(), strict=True)
+        encode_body(model, prompts.make(p), o, plan.tier_priority[t])
+        for p, o, t in zip(w.prompt.tolist(), plan.target_output.tolist(), w.tier.tolist(), strict=True)
     ]

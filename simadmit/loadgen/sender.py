@@ -40,9 +40,11 @@ class AttemptResult:
     predicted_wait_s: float = math.nan  # a gateway's X-Queue-Predict-Wait: its view's in-flight work per GPU
 
 
-def encode_body(model: str, prompt: list[int] | str, max_tokens: int) -> bytes:
-    """The request body: exact prompt, exactly `max_tokens` generated (ignore_eos), streamed with usage."""
-    return json.dumps(completion_body(model, prompt, max_tokens), separators=(",", ":")).encode()
+def encode_body(model: str, prompt: list[int] | str, max_tokens: int, priority: int | None = None) -> bytes:
+    """The request body: exact prompt, exactly `max_tokens` generated (ignore_eos), streamed with usage; with
+    `priority`, vLLM's scheduling priority (for a server run with `--scheduling-policy priority`)."""
+    body = completion_body(model, prompt, max_tokens) | ({} if priority is None else {"priority": priority})
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def header_seconds(value: str | None) -> float:

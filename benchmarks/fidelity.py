@@ -689,9 +689,9 @@ def engine_alone() -> Iterator[str]:
                 os.sched_setaffinity(tid, cores)
 
 
-def start_server(out: Path, kv_cache_gib: int = 2):  # type: ignore[no-untyped-def]
+def start_server(out: Path, kv_cache_gib: int = 2, extra_args: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     """The tests' SmolLM2 server (provisioned on first use), stopped when the benchmark ends; its KV cache
-    `kv_cache_gib` GiB (2: 93,184 tokens in bfloat16)."""
+    `kv_cache_gib` GiB (2: 93,184 tokens in bfloat16), `extra_args` after the tests' arguments."""
     from simadmit.calibrate.launch import launched_server
     from tests.vllm_server import provision, server_args
 
@@ -702,7 +702,7 @@ def start_server(out: Path, kv_cache_gib: int = 2):  # type: ignore[no-untyped-d
         "VLLM_CACHE_ROOT": str(out / "vllm-cache"),
     }
     return launched_server(
-        str(model_dir), server_args(), str(python), out / "server.log", timeout_s=600, env=env
+        str(model_dir), [*server_args(), *extra_args], str(python), out / "server.log", timeout_s=600, env=env
     )
 
 

@@ -10,7 +10,11 @@ decode steps in, the running requests need more blocks than are free and vLLM pr
 what the first sent is simulated on the calibrated profile, and the table gives TTFT and E2E (mean, p99),
 the makespan and the preemptions: the simulated count against the server's `vllm:num_preemptions_total`.
 
-    flock /tmp/vllm.lock python benchmarks/kv_pressure.py --out runs/kv-pressure
+With `--priority` the server runs `--scheduling-policy priority` and the burst is two tiers of the same
+lengths, `high` and `low` (priority 1), which replay sends in each request's `priority`: the waiting queue
+then takes `high` first and a shortage preempts `low`, and the table has each tier's rows.
+
+    flock /tmp/vllm.lock python benchmarks/kv_pressure.py --out runs/kv-pressure [--priority]
 """
 
 from __future__ import annotations
@@ -54,15 +58,20 @@ TIERS = (
         "output_tokens": {"kind": "lognormal", "median": 300, "sigma": 0.2, "min": 200, "max": 384},
     },
 )
+PRIORITY_TIERS = tuple({**TIERS[0], "name": name} for name in ("high", "low"))
+PRIORITY_ENGINE = {"scheduling": "priority", "tier_priority": {"high": 0, "low": 1}}
 KEY = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
 
 
-def burst_point(profile: Path, requests: int, out: Path, seed: int) -> Point:
-    """The burst's scenario under `out` (`requests` of the long mix, all sent within a few milliseconds) and
-    its request plan, the same for every repeat."""
+def burst_point(profile: Path, requests: int, out: Path, seed: int, priority: bool = False) -> Point:
+    """The burst's scenario under `out` (`requests` of the long mix, all sent within a few milliseconds; with
+    `priority`, its two tiers on an engine that schedules by priority) and its request plan, the same for
+    every repeat."""
     out.mkdir(parents=True, exist_ok=True)
-    doc = scenario(profile, 1000.0, "poisson", 1.0, seed, TIERS)
+    doc = scenario(profile, 1000.0, "poisson", 1.0, seed, PRIORITY_TIERS if priority else TIERS)
     doc["workload"] |= {"duration_s": None, "requests": requests}
+    if priority:
+        doc["pools"][0]["engine"] = PRIORITY_ENGINE
     path = out / "scenario.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     spec, base = load_scenario(path)
@@ -86,24 +95,23 @@ def real_figures(point: Point, repeats: int) -> list[dict[str, float]]:
 
 
 def results(point: Point, table: pd.DataFrame, repeats: int) -> pd.DataFrame:
-    """One row per measure: simulated, real mean and range over the repeats, error of the simulated value."""
-    everything = table[table["tier"] == "all"].set_index("measure")
+    """One row per tier and measure (every tier's latencies; the burst's makespan and preemptions): simulated,
+    real mean and range over the repeats, error of the simulated value."""
+    latencies = table[table["measure"].isin(KEY)]
+    if latencies["tier"].nunique() == 2:  # one tier and "all": the same figures twice
+        latencies = latencies[latencies["tier"] == "all"]
     rows = [
-        {
-            "measure": m,
-            "sim": float(everything.at[m, "sim"]),
-            "real_mean": float(everything.at[m, "real_mean"]),
-            "real_min": float(everything.at[m, "real_min"]),
-            "real_max": float(everything.at[m, "real_max"]),
-        }
-        for m in KEY
-    ]
+        {"tier": r.tier, "measure": r.measure, "sim": r.sim, "real_mean": r.real_mean, "real_min": r.real_min,
+         "real_max": r.real_max}
+        for r in latencies.itertuples()
+    ]  # fmt: skip
     sim = pd.read_parquet(point.out / "sim" / "requests.parquet")
     simulated = {"makespan_s": makespan_s(sim), "preemptions": float(sim["preemptions"].sum())}
     real = pd.DataFrame(real_figures(point, repeats))
     for m, value in simulated.items():
         rows.append(
             {
+                "tier": "all",
                 "measure": m,
                 "sim": value,
                 "real_mean": float(real[m].mean()),
@@ -128,6 +136,7 @@ def main() -> None:
     ap.add_argument("--endpoint", help="use this running server instead of starting one")
     ap.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--priority", action="store_true", help="two tiers on a server scheduling by priority")
     args = ap.parse_args()
     if (args.out / "results.md").exists():
         sys.exit(f"{args.out} already holds results; choose another --out")
@@ -135,12 +144,13 @@ def main() -> None:
     load_before = os.getloadavg()
     started = datetime.now(UTC)
     with ExitStack() as stack:
-        url = args.endpoint or stack.enter_context(start_server(args.out, args.kv_cache_gib))
+        extra = ("--scheduling-policy", "priority") if args.priority else ()
+        url = args.endpoint or stack.enter_context(start_server(args.out, args.kv_cache_gib, extra))
         placement = isolate_engine()
         print(placement, flush=True)
         profile = args.profile or calibrate(url, args.out, args.calibrate_budget, args.requests)
         kv = load_profile(profile).kv_capacity_tokens
-        point = burst_point(profile, args.requests, args.out / "burst", args.seed)
+        point = burst_point(profile, args.requests, args.out / "burst", args.seed, args.priority)
         for k in range(1, args.repeats + 1):
             replay_repeat(url, point, k)
         table = finish_point(point, args.repeats)
@@ -148,7 +158,8 @@ def main() -> None:
     text = (
         f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs; load average "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {placement}; KV cache {kv:,} tokens; "
-        f"a burst of {args.requests} requests, {args.repeats} repeats\n\n"
+        f"a burst of {args.requests} requests, {args.repeats} repeats"
+        f"{', priority scheduling' if args.priority else ''}\n\n"
         + markdown(results(point, table, args.repeats).round(3))
         + "\n"
     )

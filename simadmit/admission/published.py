@@ -115,6 +115,13 @@ class ReplicaBooks:
         self.own_gpu_s = max(0.0, self.own_gpu_s - gpu_s) if self.own_requests else 0.0
 
 
+def tier_priority(priorities: Mapping[str, int] | None, tier: str | None) -> int | None:
+    """The priority a request of `tier` carries on engines scheduling by `priorities` (vLLM's `priority`
+    request field; 0 for a tier not listed); None under FCFS (no `priorities`, where vLLM refuses one) or for
+    a tier unknown."""
+    return None if priorities is None or tier is None else priorities.get(tier, 0)
+
+
 class PoolBooks:
     """One gateway's books of the work it admitted to one pool: the moving means of what it priced (the
     price of others' requests), its own work by tier, and the snapshot rule. When the pool's engines schedule
@@ -159,8 +166,8 @@ class PoolBooks:
         self.mean_pairs += weight * (prompt_attention_pairs(prompt_tokens) - self.mean_pairs)
 
     def priority(self, tier: str | None) -> int | None:
-        """The priority a request of `tier` carries on this pool's engines (None: FCFS, or tier unknown)."""
-        return None if self.priorities is None or tier is None else self.priorities.get(tier, 0)
+        """The priority a request of `tier` carries on this pool's engines (`tier_priority`)."""
+        return tier_priority(self.priorities, tier)
 
     def charge(self, replica: ReplicaBooks, tier: str, gpu_s: float, prompt_tokens: int = 0) -> None:
         """An admitted request of `prompt_tokens` charged `gpu_s` is sent to `replica`."""

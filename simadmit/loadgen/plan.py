@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from simadmit.admission.client import ClientConfig
+from simadmit.admission.published import tier_priority
 from simadmit.calibrate.prompts import PromptMaker
 from simadmit.config.schema import ScenarioSpec
 from simadmit.loadgen.sender import encode_body
@@ -49,7 +50,8 @@ def make_plan(spec: ScenarioSpec, base: Path, seed: int | None = None) -> Plan:
     seed = spec.workload.seed if seed is None else seed
     pools = tuple(world.pools[p].name for p in world.pool_of_tier)
     priorities = tuple(
-        world.pools[p].priority_of(tier) for tier, p in zip(world.tier_names, world.pool_of_tier, strict=True)
+        tier_priority(world.pools[p].priorities, tier)
+        for tier, p in zip(world.tier_names, world.pool_of_tier, strict=True)
     )
     return Plan(generate(spec.workload, seed), seed, pools, priorities, world.clients, world.warmup_s)
 

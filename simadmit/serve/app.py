@@ -117,10 +117,6 @@ class GatewayServer:
                 )  # fmt: skip
             )
         self.pool_of_tier = {world.tier_names[t]: p for t, p in enumerate(world.pool_of_tier)}
-        self.priority_of_tier = {
-            name: world.pools[p].priority_of(name)
-            for name, p in zip(world.tier_names, world.pool_of_tier, strict=True)
-        }
         self.known_tiers = set(world.tier_names)
         self.metrics = GatewayMetrics()
         self.ids = itertools.count()
@@ -256,10 +252,10 @@ class GatewayServer:
             deadline = deadline_of(request.headers, http.deadline_header, received)
             arrival = received - elapsed_of(request.headers, http.elapsed_header)  # a retry's first attempt
             body = parse_body(raw, route, self.settings.tier_max_tokens[tier])
-            if (priority := self.priority_of_tier[tier]) is not None:  # the tier's, whatever the client asked
-                body.body["priority"] = priority
             p = self.pool_of_tier[tier]
             pool = self.pools[p]
+            if (priority := pool.priority(tier)) is not None:  # the tier's, whatever the client asked
+                body.body["priority"] = priority
             if not pool.available():
                 return self.reject(
                     pool, p, tier, Decision(False, "pool_exhausted", retry_after(NO_BACKEND_RETRY_S))

@@ -62,11 +62,6 @@ class PoolConfig:
     def gateway_profile(self) -> Profile:
         return self.believed or self.profile
 
-    def priority_of(self, tier: str) -> int | None:
-        """The `priority` a request of `tier` carries to this pool's engines (vLLM's request field): its tier's
-        under priority scheduling (0 for a tier not listed), none under FCFS (vLLM refuses one there)."""
-        return None if self.priorities is None else self.priorities.get(tier, 0)
-
     @property
     def api_latency_s(self) -> float:
         """What a client sees beyond the engine's times (an API server's way in and out; a classical

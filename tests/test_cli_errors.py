@@ -2207,6 +2207,11 @@ COMMAND_CASES = [
         fragment="{sim}/report: is inside {sim}, a simulate run's folder: give --out a folder of its own",
     ),
     CommandCase(
+        "simulate-out-inside-a-replay-run",  # written into the replayed run's folder
+        ("simulate", "{in}/ok.yaml", "--out", "{in}/replayed/sub"),
+        fragment="replayed/sub: is inside {in}/replayed, a replay run's folder: give --out a folder of its own",
+    ),
+    CommandCase(
         "simulate-out-is-a-link",  # the link was swapped for a new folder, a stale `.previous` link left beside it
         ("simulate", "{in}/ok.yaml", "--out", "{in}/link-to-sim"),
         fragment="link-to-sim: is a link to {sim} (the folder is replaced whole, the link with it): give --out",

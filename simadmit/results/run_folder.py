@@ -79,14 +79,15 @@ def check_destination(out: Path, replace: bool, command: str | None = None) -> N
         )
     if held is not None and held != command:
         raise InputError([problem(out, None, f"holds a {held} run: give --out a folder of its own")])
-    inside = next((p for p in out.resolve().parents if held_run(p) == "simulate"), None)
-    if inside is not None:  # a folder inside a simulate run: simulating it again would refuse to replace it
+    # a folder inside a simulate or replay run: simulating it again would refuse to replace it, and the
+    # runs `compare` reads would be mixed with it
+    inside = next(
+        ((p, k) for p in out.resolve().parents if (k := held_run(p)) in ("simulate", "replay")), None
+    )
+    if inside is not None:
+        folder, kind = inside
         raise InputError(
-            [
-                problem(
-                    out, None, f"is inside {inside}, a simulate run's folder: give --out a folder of its own"
-                )
-            ]
+            [problem(out, None, f"is inside {folder}, a {kind} run's folder: give --out a folder of its own")]
         )
     if replace and out.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise InputError([problem(out, None, "is the current folder (or holds it); give a folder inside it")])

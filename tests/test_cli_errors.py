@@ -784,6 +784,26 @@ SIM_CASES = [
         fragment="min (500) must not exceed max (50)",
     ),
     Case(
+        "fixed-output-of-a-fraction-of-a-token",  # silently 1 token
+        _set("workload.tiers.0.output_tokens", {"kind": "fixed", "value": 0.4}),
+        fragment="scenario.yaml: workload.tiers.0.output_tokens: value 0.4 is not a token count (a whole number >= 1)",
+    ),
+    Case(
+        "fixed-prompt-of-a-fraction-of-a-token",  # silently rounded
+        _set("workload.tiers.0.prompt_tokens", {"kind": "fixed", "value": 100.5}),
+        fragment="workload.tiers.0.prompt_tokens: value 100.5 is not a token count (a whole number >= 1)",
+    ),
+    Case(
+        "lognormal-token-min-of-a-fraction",  # a clip below 0.5 token: no clip, as token counts are >= 1
+        _set("workload.tiers.0.prompt_tokens", {"kind": "lognormal", "median": 100, "sigma": 1, "min": 0.5}),
+        fragment="workload.tiers.0.prompt_tokens: min 0.5 is not a token count (a whole number >= 1)",
+    ),
+    Case(
+        "empirical-token-values-of-fractions",
+        _set("workload.tiers.0.output_tokens", {"kind": "empirical", "values": [10, 2.5]}),
+        fragment="workload.tiers.0.output_tokens: values: one of them, 2.5 is not a token count",
+    ),
+    Case(
         "tier-start-after-end",
         _both(_set("workload.tiers.0.start_s", 3), _set("workload.tiers.0.end_s", 2)),
         fragment="workload.tiers.0: end_s (2) must be after start_s (3)",

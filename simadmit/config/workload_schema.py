@@ -166,6 +166,24 @@ class EmpiricalSpec(Spec):
 DistSpec = Annotated[FixedSpec | LogNormalSpec | ExponentialSpec | EmpiricalSpec, Field(discriminator="kind")]
 
 
+def _tokens(dist: DistSpec | None) -> DistSpec | None:
+    """A distribution of token counts: its draws are rounded to whole numbers of at least 1, so a bound
+    or value it gives as a count (a fixed value, a clip, an observed value) must be one; a fixed 0.4 was
+    silently 1 token. A scale (a median, a mean) need not be."""
+    if isinstance(dist, FixedSpec):
+        counts = [("value", dist.value)]
+    elif isinstance(dist, LogNormalSpec):  # min 0 and max inf: no clip
+        counts = [(k, v) for k, v in (("min", dist.min), ("max", dist.max)) if v != 0 and math.isfinite(v)]
+    elif isinstance(dist, EmpiricalSpec):
+        counts = [("values: one of them,", v) for v in dist.values or ()]
+    else:
+        counts = []
+    for name, count in counts:
+        if count != round(count) or count < 1:
+            raise ValueError(f"{name} {count:g} is not a token count (a whole number >= 1)")
+    return dist
+
+
 # --- workload ----------------------------------------------------------------------------------------
 
 
@@ -412,6 +430,8 @@ class TierSpec(Spec):
     end_s: float = Field(
         default=float("inf"), gt=0, allow_inf_nan=True, description="... and until this time (a shifting mix)"
     )
+
+    _token_counts = field_validator("prompt_tokens", "output_tokens")(_tokens)
 
     @model_validator(mode="after")
     def _window(self) -> TierSpec:

@@ -576,6 +576,37 @@ SIM_CASES = [
         "the profile's)",
     ),
     Case(
+        "variant-engine-seqs-above-the-token-budget",  # ran the variant with a batch vLLM would refuse
+        _set("variants", [{"name": "big", "set": {"pools.0.engine.max_num_seqs": 100000}}]),
+        fragment="scenario.yaml: variants.0 (big): pools.0.engine: max_num_batched_tokens (8192) is below "
+        "max_num_seqs (100000)",
+    ),
+    Case(
+        "variant-engine-kv-cache-under-one-block",  # ran, the variant's pool holding no request
+        args=("--set", "variants=[{name: tiny-kv, set: {pools.0.engine.kv_capacity_tokens: 10}}]"),
+        fragment="--set: variants.0 (tiny-kv): pools.0.engine.kv_capacity_tokens: 10 tokens, under one KV block",
+    ),
+    Case(
+        "variant-profile-not-found",  # an AssertionError traceback: only the scenario's own profiles were looked for
+        _set("variants", [{"name": "v", "set": {"pools.0.profile": "nope.yaml"}}]),
+        fragment="scenario.yaml: variants.0 (v): pools.0.profile: profile 'nope.yaml' not found",
+    ),
+    Case(
+        "variant-trace-relative-to-the-scenario",  # was looked for in the current folder
+        _set(
+            "variants",
+            [
+                {
+                    "name": "v",
+                    "set": {"workload.tiers.0.prompt_tokens": EMPIRICAL},
+                }
+            ],
+        ),
+        files={"trace.csv": AZURE_OK},
+        code=0,
+        fragment="simulated requests",
+    ),
+    Case(
         "profile-context-shorter-than-some-requests",  # a run, its rejections explained
         _both(
             _set("pools.0.profile", "p.yaml"),

@@ -128,17 +128,38 @@ def scenario_with_origin(
 def _checked(
     data: dict[str, object], source: str | Path | None, origin: Origin, workload_traces: bool
 ) -> ScenarioSpec:
-    """The overridden document validated, its variants too, and checked against the disk: the profiles
-    and traces it names exist (their paths made absolute), and engine overrides fit their profile."""
+    """The overridden document validated, its variants too, and checked against the disk, each variant as
+    the scenario is (`_on_disk`): a variant's problem names the variant, and the trace paths a variant sets
+    are made absolute in its `set` as the scenario's are."""
     spec = _validate(data, source, origin)
+
+    def in_variant(i: int, e: InputError) -> InputError:
+        name = f"variants.{i} ({spec.variants[i].name})"
+        return InputError([problem(origin(f"variants.{i}"), name, p) for p in e.problems])
+
     for i, variant in enumerate(spec.variants):
         try:
             variant_spec(spec, variant)
         except InputError as e:
-            raise InputError(
-                [problem(origin(f"variants.{i}"), f"variants.{i} ({variant.name})", p) for p in e.problems]
-            ) from None
+            raise in_variant(i, e) from None
     base = Path(source).parent if source is not None else Path(".")
+    spec = _on_disk(spec, base, origin, workload_traces)
+    variants = []
+    for i, variant in enumerate(spec.variants):
+        seen = variant_spec(spec, variant)
+        try:
+            checked = _on_disk(seen, base, lambda _: None, workload_traces)
+        except InputError as e:
+            raise in_variant(i, e) from None
+        written = dict(trace_refs(seen))
+        moved = {f"{w}.path": t.path for w, t in trace_refs(checked) if written[w].path != t.path}
+        variants.append(variant.model_copy(update={"set": {**variant.set, **moved}}) if moved else variant)
+    return spec.model_copy(update={"variants": variants}) if variants else spec
+
+
+def _on_disk(spec: ScenarioSpec, base: Path, origin: Origin, workload_traces: bool) -> ScenarioSpec:
+    """`spec` checked against the disk: the profiles and traces it names exist (the traces' paths made
+    absolute), and engine overrides fit their profile."""
     missing = [
         problem(origin(f"pools.{i}.profile"), f"pools.{i}.profile", _not_found("profile", p.profile, base))
         for i, p in enumerate(spec.pools)

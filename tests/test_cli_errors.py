@@ -607,6 +607,12 @@ SIM_CASES = [
         fragment="simulated requests",
     ),
     Case(
+        "variant-set-of-a-list-element-not-there",  # blamed --set, where the scenario file's variant wrote it
+        _set("variants", [{"name": "v", "set": {"pools.nope.replicas": 2}}]),
+        fragment="scenario.yaml: variants.0 (v): set: pools.nope.replicas: no element 'nope' in this list",
+        absent="--set",
+    ),
+    Case(
         "profile-context-shorter-than-some-requests",  # a run, its rejections explained
         _both(
             _set("pools.0.profile", "p.yaml"),

@@ -107,7 +107,8 @@ def scenario_with_origin(
     wrote is reported against its option, not against `source`; without, against `source` (a caller that
     names the override itself, a sweep point).
     """
-    data, written = override(data, overrides or {})
+    # a path that leads nowhere: named by its option, or by the caller that names the override itself
+    data, written = override(data, overrides or {}, lambda path: (set_by or {}).get(path))
     options = [(w, (set_by or {}).get(path)) for w, path in zip(written, overrides or {}, strict=True)]
 
     def origin(field: str) -> str | Path | None:
@@ -269,4 +270,4 @@ def trace_refs(spec: ScenarioSpec) -> list[tuple[str, TraceFileSpec]]:
 def variant_spec(spec: ScenarioSpec, variant: VariantSpec) -> ScenarioSpec:
     """The scenario as one of its variants sees it (without the variants list)."""
     doc = spec.model_dump(exclude={"variants"})
-    return _validate(apply_overrides(doc, variant.set), None)
+    return _validate(apply_overrides(doc, variant.set, "set"), None)

@@ -11,7 +11,7 @@ optimize's `--search`. Values given as text are parsed as YAML.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import yaml
 
@@ -63,31 +63,39 @@ def list_index(items: list[object], key: str) -> int | None:
     return next(iter(named + kinds), None)
 
 
-def apply_overrides(document: dict[str, object], overrides: Mapping[str, object]) -> dict[str, object]:
-    """A copy of `document` with each dotted path set to its value; missing mappings are created."""
-    return override(document, overrides)[0]
+def apply_overrides(
+    document: dict[str, object], overrides: Mapping[str, object], given_by: str | None = "--set"
+) -> dict[str, object]:
+    """A copy of `document` with each dotted path set to its value; missing mappings are created. A path
+    that cannot be followed is a problem named `given_by`: the option, or the field, the paths were given
+    by (None: the caller names it)."""
+    return override(document, overrides, lambda _: given_by)[0]
 
 
 def override(
-    document: dict[str, object], overrides: Mapping[str, object]
+    document: dict[str, object],
+    overrides: Mapping[str, object],
+    given_by: Callable[[str], str | None] = lambda _: "--set",
 ) -> tuple[dict[str, object], list[str]]:
     """`apply_overrides`, with the field each path wrote as validation names it, list elements by index
     (`workload.tiers.interactive.share` writes `workload.tiers.0.share`): a problem at or below one of
     them is the override's, not the file's. A path also writes the first mapping it created
     (`polices.gpu_seconds.headroom` writes `polices`), and a `kind` the mapping it is in, since a
-    new kind takes other fields (`workload.arrival.kind=gamma` writes `workload.arrival`)."""
+    new kind takes other fields (`workload.arrival.kind=gamma` writes `workload.arrival`). A path that
+    cannot be followed is a problem named `given_by(path)` (`--set`, a variant's `set`)."""
     document = copy.deepcopy(document)
     fields = []
     paths = list(overrides)
     for n, path in enumerate(paths):  # a.b then a: a, applied after, would silently undo a.b
         undone = next((p for p in paths[:n] if p.startswith(f"{path}.")), None)
         if undone is not None:
-            raise InputError([problem("--set", path, f"replaces {undone}, set before it: set {path} first")])
+            why = f"replaces {undone}, set before it: set {path} first"
+            raise InputError([problem(given_by(path), path, why)])
     for dotted, value in overrides.items():
         node: object = document
         keys = dotted.split(".")
         if "" in keys:
-            raise InputError([problem("--set", dotted, "a path has no empty part: write a.b.c")])
+            raise InputError([problem(given_by(dotted), dotted, "a path has no empty part: write a.b.c")])
         written = []
         created = None  # how many keys of the path lead to the first mapping it created
         for depth, key in enumerate(keys):
@@ -96,7 +104,7 @@ def override(
             if isinstance(node, list):
                 i = list_index(node, key)
                 if i is None:
-                    raise InputError([problem("--set", dotted, f"no element {key!r} in this list")])
+                    raise InputError([problem(given_by(dotted), dotted, f"no element {key!r} in this list")])
                 written[-1] = str(i)
                 if last:
                     node[i] = copy.deepcopy(value)
@@ -110,7 +118,7 @@ def override(
                     node = node.setdefault(key, {})
             else:
                 raise InputError(
-                    [problem("--set", dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")]
+                    [problem(given_by(dotted), dotted, f"{'.'.join(keys[:depth])} is not a mapping or list")]
                 )
         if created is None and len(keys) > 1 and keys[-1] == "kind":
             created = len(keys) - 1

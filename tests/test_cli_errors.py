@@ -727,6 +727,14 @@ SIM_CASES = [
         fragment="pools.0.autoscaler.target: 1.5 for gpu_utilization, a busy fraction: at most 1",
     ),
     Case(
+        "autoscaler-starting-above-its-max-replicas",  # ran 5 replicas throughout a run shorter than one sync
+        _both(
+            _set("pools.0.replicas", 5),
+            _set("pools.0.autoscaler", {"metric": "gpu_utilization", "target": 0.7, "max_replicas": 3}),
+        ),
+        fragment="scenario.yaml: pools.0: replicas (5) outside autoscaler.min_replicas..max_replicas (1..3)",
+    ),
+    Case(
         "autoscaler-tolerance-of-a-whole",  # ran, and never scaled down (no ratio is under 1 - 5)
         _set(
             "pools.0.autoscaler",

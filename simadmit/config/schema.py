@@ -163,6 +163,18 @@ class PoolSpec(Spec):
     )
     autoscaler: AutoscalerSpec | None = None
 
+    @model_validator(mode="after")
+    def _starts_within_its_autoscaler(self) -> PoolSpec:
+        """`replicas` is the count the run starts with: outside the autoscaler's bounds it would hold until
+        the first sync (the whole of a run shorter than sync_period_s), a count the autoscaler never allows."""
+        a = self.autoscaler
+        if a is not None and not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) outside autoscaler.min_replicas..max_replicas ({a.min_replicas}.."
+                f"{a.max_replicas}): the run starts with replicas, so give a count the autoscaler allows"
+            )
+        return self
+
 
 # --- gateway, clients, policies ----------------------------------------------------------------------
 

@@ -735,6 +735,12 @@ SIM_CASES = [
         fragment="scenario.yaml: pools.0: replicas (5) outside autoscaler.min_replicas..max_replicas (1..3)",
     ),
     Case(
+        "token-bucket-burst-under-every-prompt",  # ran, every request of the tier rejected, said nowhere
+        _set("policies", [{"kind": "token_bucket", "tiers": {"interactive": {"rate": 1000, "burst": 50}}}]),
+        fragment="scenario.yaml: policies.0.tiers.interactive.burst: 50 tokens, under every prompt of tier "
+        "'interactive' (at least 100 tokens)",
+    ),
+    Case(
         "autoscaler-tolerance-of-a-whole",  # ran, and never scaled down (no ratio is under 1 - 5)
         _set(
             "pools.0.autoscaler",

@@ -15,7 +15,7 @@ import numpy as np
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import Origin, by_option, trace_refs
-from simadmit.config.schema import ScenarioSpec
+from simadmit.config.schema import ScenarioSpec, TokenBucketSpec
 from simadmit.config.workload_schema import (
     MAX_SECONDS,
     DiurnalSpec,
@@ -210,6 +210,31 @@ def _never_served(workload: Workload, limits: Sequence[int], spec: WorkloadSpec,
     return out
 
 
+def _never_passed(workload: Workload, spec: ScenarioSpec, origin: Origin) -> list[str]:
+    """A token bucket whose burst is under every prompt of its tier: it could pass none of them (a prompt
+    larger than the burst never passes), a run that measures nothing of that tier under that policy."""
+    out = []
+    for i, policy in enumerate(spec.policies):
+        if not isinstance(policy, TokenBucketSpec):
+            continue
+        for tier, bucket in policy.tiers.items():
+            if tier not in workload.tier_names:
+                continue
+            mine = workload.tier == workload.tier_names.index(tier)
+            least = int(workload.prompt[mine].min()) if mine.any() else 0
+            if least > bucket.burst:
+                field = f"policies.{i}.tiers.{tier}.burst"
+                out.append(
+                    problem(
+                        origin(field),
+                        field,
+                        f"{bucket.burst:g} tokens, under every prompt of tier '{tier}' (at least {least:,} tokens): "
+                        "a prompt larger than the burst never passes, so the bucket would pass none",
+                    )
+                )
+    return out
+
+
 def check_workload(
     spec: ScenarioSpec,
     origin: Origin,
@@ -252,6 +277,7 @@ def check_workload(
     if len(workload) == 0:
         raise InputError([problem(origin("workload"), "workload", "no request arrives in this workload")])
     never = _never_served(workload, request_limits, spec.workload, origin) if request_limits else []
+    never += _never_passed(workload, spec, origin)
     if never:
         raise InputError(never)
     if not (workload.arrival >= spec.workload.warmup_s).any():

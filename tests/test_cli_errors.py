@@ -737,8 +737,20 @@ SIM_CASES = [
     Case(
         "token-bucket-burst-under-every-prompt",  # ran, every request of the tier rejected, said nowhere
         _set("policies", [{"kind": "token_bucket", "tiers": {"interactive": {"rate": 1000, "burst": 50}}}]),
-        fragment="scenario.yaml: policies.0.tiers.interactive.burst: 50 tokens, under every prompt of tier "
-        "'interactive' (at least 100 tokens)",
+        fragment="scenario.yaml: policies.0.tiers.interactive.burst: 50 tokens, under every request of tier "
+        "'interactive' (prompt at least 100 tokens): the policy would pass none of them",
+    ),
+    Case(
+        "rate-limit-tpm-under-every-request",  # ran, every request of the tier rejected, said nowhere
+        _set("policies", [{"kind": "rate_limit", "tiers": {"interactive": {"tpm": 100}}}]),
+        fragment="scenario.yaml: policies.0.tiers.interactive.tpm: 100 tokens, under every request of tier "
+        "'interactive' (prompt + max_tokens at least 164 tokens)",
+    ),
+    Case(
+        "rate-limit-rpm-under-one",  # ran: a one-minute window passes no request under 1 a minute
+        _set("policies", [{"kind": "rate_limit", "tiers": {"interactive": {"rpm": 0.5}}}]),
+        fragment="scenario.yaml: policies.0.tiers.interactive.rpm: 0.5 a minute: a one-minute window passes whole "
+        "requests, so none (at least 1)",
     ),
     Case(
         "autoscaler-tolerance-of-a-whole",  # ran, and never scaled down (no ratio is under 1 - 5)

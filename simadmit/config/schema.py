@@ -462,6 +462,16 @@ class LimitSpec(Spec):
     rpm: float | None = Field(default=None, gt=0, description="requests per minute")
     tpm: float | None = Field(default=None, gt=0, description="tokens (prompt + max_tokens) per minute")
 
+    @field_validator("rpm")
+    @classmethod
+    def _a_request_a_minute(cls, v: float | None) -> float | None:
+        """A fixed one-minute window passes whole requests: under 1 a minute, it would pass none."""
+        if v is not None and v < 1:
+            raise ValueError(
+                f"{v:g} a minute: a one-minute window passes whole requests, so none (at least 1)"
+            )
+        return v
+
     @model_validator(mode="after")
     def _limits_something(self) -> LimitSpec:
         """A tier listed with neither limit would be listed as limited and never be."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from simadmit.config.errors import InputError, problem
 from simadmit.config.loading import Origin, by_option, trace_refs
-from simadmit.config.schema import ScenarioSpec, TokenBucketSpec
+from simadmit.config.schema import BucketSpec, RateLimitSpec, ScenarioSpec, TokenBucketSpec
 from simadmit.config.workload_schema import (
     MAX_SECONDS,
     DiurnalSpec,
@@ -211,27 +211,29 @@ def _never_served(workload: Workload, limits: Sequence[int], spec: WorkloadSpec,
 
 
 def _never_passed(workload: Workload, spec: ScenarioSpec, origin: Origin) -> list[str]:
-    """A token bucket whose burst is under every prompt of its tier: it could pass none of them (a prompt
-    larger than the burst never passes), a run that measures nothing of that tier under that policy."""
+    """A token bucket's burst, or a rate limit's tokens per minute, under what every request of its tier
+    takes (its prompt; its prompt + max_tokens): the policy could pass none of them, a run that measures
+    nothing of that tier under it."""
+    limits = [
+        (f"policies.{i}.tiers.{tier}.{name}", tier, limit, what)
+        for i, policy in enumerate(spec.policies)
+        if isinstance(policy, TokenBucketSpec | RateLimitSpec)
+        for tier, bound in policy.tiers.items()
+        for name, limit, what in (
+            [("burst", bound.burst, "prompt")]
+            if isinstance(bound, BucketSpec)
+            else [("tpm", bound.tpm, "prompt + max_tokens")]
+        )
+        if limit is not None and tier in workload.tier_names
+    ]
     out = []
-    for i, policy in enumerate(spec.policies):
-        if not isinstance(policy, TokenBucketSpec):
-            continue
-        for tier, bucket in policy.tiers.items():
-            if tier not in workload.tier_names:
-                continue
-            mine = workload.tier == workload.tier_names.index(tier)
-            least = int(workload.prompt[mine].min()) if mine.any() else 0
-            if least > bucket.burst:
-                field = f"policies.{i}.tiers.{tier}.burst"
-                out.append(
-                    problem(
-                        origin(field),
-                        field,
-                        f"{bucket.burst:g} tokens, under every prompt of tier '{tier}' (at least {least:,} tokens): "
-                        "a prompt larger than the burst never passes, so the bucket would pass none",
-                    )
-                )
+    for field, tier, limit, what in limits:
+        mine = workload.tier == workload.tier_names.index(tier)
+        takes = workload.prompt[mine] + (workload.max_tokens[mine] if what != "prompt" else 0)
+        least = int(takes.min()) if mine.any() else 0
+        if least > limit:
+            why = f"{limit:g} tokens, under every request of tier '{tier}' ({what} at least {least:,} tokens)"
+            out.append(problem(origin(field), field, f"{why}: the policy would pass none of them"))
     return out
 
 

@@ -613,6 +613,13 @@ SIM_CASES = [
         absent="--set",
     ),
     Case(
+        "set-a-key-of-a-variants-set",  # walked into a new mapping `workload`: "replaces workload.rate_rps"
+        _set("variants", [{"name": "v", "set": {"workload.rate_rps": 3}}]),
+        args=("--set", "variants.v.set.workload.rate_rps=0"),
+        fragment="variants.0 (v): workload.rate_rps: Input should be greater than 0",
+        absent="replaces",
+    ),
+    Case(
         "profile-context-shorter-than-some-requests",  # a run, its rejections explained
         _both(
             _set("pools.0.profile", "p.yaml"),

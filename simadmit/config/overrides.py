@@ -3,9 +3,10 @@
 A path such as `workload.tiers.interactive.share` or `policies.gpu_seconds.headroom` walks a scenario
 document key by key. A list element is addressed by its index (negative counts from the end), else by the
 first element called the key (its `name`, or its `kind` when it has no name, as policies are named in
-results), else by the first element of that `kind` whatever its name. Keeping this rule in one place
-means a path that `--set` accepts means the same thing to a variant's `set:`, a sweep's `--param` and
-optimize's `--search`. Values given as text are parsed as YAML.
+results), else by the first element of that `kind` whatever its name. A mapping key that holds the rest
+of the path, dots and all (a variant's `set: {workload.rate_rps: 3}`), is that key. Keeping this rule in
+one place means a path that `--set` accepts means the same thing to a variant's `set:`, a sweep's
+`--param` and optimize's `--search`. Values given as text are parsed as YAML.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def override(
                 else:
                     node = node[i]
             elif isinstance(node, dict):
+                rest = ".".join(keys[depth:])
+                if not last and rest in node:  # a key holding the rest, dots and all: a variant's set
+                    node[rest] = copy.deepcopy(value)
+                    written[-1] = rest
+                    break
                 if last:
                     node[key] = copy.deepcopy(value)
                 else:
@@ -129,11 +135,15 @@ def override(
 def lookup(document: object, dotted: str) -> object | None:
     """The value at a dotted path of `document`, or None where the path leads nowhere."""
     node = document
-    for key in dotted.split("."):
+    keys = dotted.split(".")
+    for depth, key in enumerate(keys):
         if isinstance(node, list):
             i = list_index(node, key)
             node = None if i is None else node[i]
         elif isinstance(node, dict):
+            rest = ".".join(keys[depth:])
+            if rest in node:  # a key holding the rest, dots and all: a variant's set
+                return node[rest]
             node = node.get(key)
         else:
             return None

@@ -2248,7 +2248,14 @@ COMMAND_CASES = [
         fragment="foreign/requests.parquet: not a requests table of simulate or replay (no column",
     ),
     CommandCase(
-        "compare-warmup-nan", ("compare", "{sim}", "{sim}", "--warmup", "nan"), fragment="--warmup: must be 0"
+        "compare-warmup-nan",
+        ("compare", "{sim}", "{sim}", "--warmup", "nan"),
+        fragment="--warmup: must be a finite",
+    ),
+    CommandCase(
+        "compare-warmup-infinite",  # "must be 0 or more seconds, got inf": it is
+        ("compare", "{sim}", "{sim}", "--warmup", "inf"),
+        fragment="--warmup: must be a finite number of seconds, 0 or more, got inf",
     ),
     CommandCase(
         "compare-warmup-past-every-arrival",

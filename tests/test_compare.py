@@ -227,7 +227,7 @@ def test_a_simulation_at_another_rate_is_not_the_same_request_list(tmp_path: Pat
 @pytest.mark.parametrize(
     ("warmup", "fragment"),
     [
-        ("abc", "workload.warmup_s: must be 0 or more seconds, got 'abc'"),
+        ("abc", "workload.warmup_s: must be a finite number of seconds, 0 or more, got 'abc'"),
         (500, "workload.warmup_s: 500 s leaves out"),
     ],
 )

@@ -303,7 +303,9 @@ def _checked_warmup(warmup: object, runs: list[Run], scenario: Path | None) -> f
     (leaving them all out would make a report of empty measures)."""
     field = "--warmup" if scenario is None else "workload.warmup_s"
     if isinstance(warmup, bool) or not isinstance(warmup, int | float) or not 0 <= warmup < math.inf:
-        raise InputError([problem(scenario, field, f"must be 0 or more seconds, got {warmup!r}")])
+        raise InputError(
+            [problem(scenario, field, f"must be a finite number of seconds, 0 or more, got {warmup!r}")]
+        )
     for run in runs:
         last = float(run.requests["arrival_s"].max())
         if warmup > last:

@@ -582,9 +582,10 @@ SIM_CASES = [
         "max_num_seqs (100000)",
     ),
     Case(
-        "variant-engine-kv-cache-under-one-block",  # ran, the variant's pool holding no request
-        args=("--set", "variants=[{name: tiny-kv, set: {pools.0.engine.kv_capacity_tokens: 10}}]"),
-        fragment="--set: variants.0 (tiny-kv): pools.0.engine.kv_capacity_tokens: 10 tokens, under one KV block",
+        "variant-engine-kv-cache-of-one-block",  # ran, the variant's pool holding no request
+        args=("--set", "variants=[{name: tiny-kv, set: {pools.0.engine.kv_capacity_tokens: 16}}]"),
+        fragment="--set: variants.0 (tiny-kv): pools.0.engine.kv_capacity_tokens: 16 tokens hold no KV block for a "
+        "sequence",
     ),
     Case(
         "variant-profile-not-found",  # an AssertionError traceback: only the scenario's own profiles were looked for

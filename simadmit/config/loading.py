@@ -132,26 +132,16 @@ def _checked(
     """The overridden document validated, its variants too, and checked against the disk, each variant as
     the scenario is (`_on_disk`): a variant's problem names the variant, and the trace paths a variant sets
     are made absolute in its `set` as the scenario's are."""
-    spec = _validate(data, source, origin)
-
-    def in_variant(i: int, e: InputError) -> InputError:
-        name = f"variants.{i} ({spec.variants[i].name})"
-        return InputError([problem(origin(f"variants.{i}"), name, p) for p in e.problems])
-
-    for i, variant in enumerate(spec.variants):
-        try:
-            variant_spec(spec, variant)
-        except InputError as e:
-            raise in_variant(i, e) from None
     base = Path(source).parent if source is not None else Path(".")
-    spec = _on_disk(spec, base, origin, workload_traces)
+    spec = _on_disk(_validate(data, source, origin), base, origin, workload_traces)
     variants = []
     for i, variant in enumerate(spec.variants):
-        seen = variant_spec(spec, variant)
         try:
+            seen = variant_spec(spec, variant)
             checked = _on_disk(seen, base, lambda _: None, workload_traces)
         except InputError as e:
-            raise in_variant(i, e) from None
+            name = f"variants.{i} ({variant.name})"
+            raise InputError([problem(origin(f"variants.{i}"), name, p) for p in e.problems]) from None
         written = dict(trace_refs(seen))
         moved = {f"{w}.path": t.path for w, t in trace_refs(checked) if written[w].path != t.path}
         variants.append(variant.model_copy(update={"set": {**variant.set, **moved}}) if moved else variant)

@@ -214,26 +214,25 @@ def _never_passed(workload: Workload, spec: ScenarioSpec, origin: Origin) -> lis
     """A token bucket's burst, or a rate limit's tokens per minute, under what every request of its tier
     takes (its prompt; its prompt + max_tokens): the policy could pass none of them, a run that measures
     nothing of that tier under it."""
-    limits = [
-        (f"policies.{i}.tiers.{tier}.{name}", tier, limit, what)
-        for i, policy in enumerate(spec.policies)
-        if isinstance(policy, TokenBucketSpec | RateLimitSpec)
-        for tier, bound in policy.tiers.items()
-        for name, limit, what in (
-            [("burst", bound.burst, "prompt")]
-            if isinstance(bound, BucketSpec)
-            else [("tpm", bound.tpm, "prompt + max_tokens")]
-        )
-        if limit is not None and tier in workload.tier_names
-    ]
     out = []
-    for field, tier, limit, what in limits:
-        mine = workload.tier == workload.tier_names.index(tier)
-        takes = workload.prompt[mine] + (workload.max_tokens[mine] if what != "prompt" else 0)
-        least = int(takes.min()) if mine.any() else 0
-        if least > limit:
-            why = f"{limit:g} tokens, under every request of tier '{tier}' ({what} at least {least:,} tokens)"
-            out.append(problem(origin(field), field, f"{why}: the policy would pass none of them"))
+    for i, policy in enumerate(spec.policies):
+        if not isinstance(policy, TokenBucketSpec | RateLimitSpec):
+            continue
+        for tier, bound in policy.tiers.items():
+            if tier not in workload.tier_names:
+                continue
+            mine = workload.tier == workload.tier_names.index(tier)
+            limit: float | None
+            if isinstance(bound, BucketSpec):  # a bucket takes a request's prompt
+                name, limit, what, takes = "burst", bound.burst, "prompt", workload.prompt[mine]
+            else:  # a rate limit counts its prompt + max_tokens
+                name, limit, what = "tpm", bound.tpm, "prompt + max_tokens"
+                takes = workload.prompt[mine] + workload.max_tokens[mine]
+            least = int(takes.min()) if mine.any() else 0
+            if limit is not None and least > limit:
+                field = f"policies.{i}.tiers.{tier}.{name}"
+                why = f"{limit:g} tokens, under every request of tier '{tier}' ({what} at least {least:,} tokens)"
+                out.append(problem(origin(field), field, f"{why}: the policy would pass none of them"))
     return out
 
 
